@@ -1,0 +1,733 @@
+#!/usr/bin/env python3
+"""The lab: two (or more) simulated DGX Sparks on one machine.
+
+Everything here is real except the three stand-ins kept under ``lab/standins/``: the RDMA
+sysfs tree, the serving engine and the Hugging Face hub. The nodes are Debian containers with
+systemd as PID 1, their own Docker engine and SSH; they are joined by a management network and
+two fabric networks whose interfaces carry the Spark's names. A real OCI registry serves the
+stand-in engine image by digest.
+
+    python3 lab/labctl.py up      # build what is missing, start everything (idempotent)
+    python3 lab/labctl.py down    # remove every container, network, volume and process of it
+    python3 lab/labctl.py status  # what runs
+
+Only the standard library: this runs before any virtualenv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STANDINS = REPO / "lab" / "standins"
+STATE = Path(os.environ.get("SPARKSERVE_LAB_STATE", REPO / ".lab"))
+LABEL = "sparkserve.lab"
+SUITE = "bookworm"
+MIRROR = os.environ.get("SPARKSERVE_LAB_MIRROR", "http://deb.debian.org/debian")
+
+MGMT = ("sparkserve-mgmt", "198.19.0.0/24", "198.19.0.1")
+# The cabled QSFP port shows up as two PCIe halves: one subnet per half.
+FABRICS = (
+    ("sparkserve-fabric0", "198.18.0.0/24", "198.18.0.1", "enp1s0f1np1", "rocep1s0f1"),
+    ("sparkserve-fabric1", "198.18.1.0/24", "198.18.1.1", "enP2p1s0f1np1", "roceP2p1s0f1"),
+)
+# The Spark's other port is not cabled: its devices exist but stay DOWN.
+UNCABLED = (("rocep1s0f0", "enp1s0f0np0"), ("roceP2p1s0f0", "enP2p1s0f0np0"))
+MGMT_IFNAME = "wlP9s9"  # a decoy that holds IPv4, as Wi-Fi does on a real Spark
+FABRIC_MTU = 9000
+REGISTRY_PORT = 5000
+HUB_PORT = 5080
+WHEELS_PORT = 5081
+HUB_REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
+ENGINE_REPO = "sparkserve-lab/vllm-standin"
+LAB_USER = "spark"
+# The lab's services listen on every address: the nodes reach them through the network gateways,
+# this machine over loopback (which Docker trusts for a registry without TLS).
+ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - see above
+SYSFS_ROOT = "/opt/sparkserve-lab/sysfs"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    host_octet: int
+    gid_index: int
+
+    def address(self, subnet_gateway: str) -> str:
+        return subnet_gateway.rsplit(".", 1)[0] + f".{self.host_octet}"
+
+
+def nodes_for(workers: int) -> list[Node]:
+    nodes = [Node("head", 13, 3), Node("worker", 11, 3)]
+    nodes += [Node(f"worker{i}", 10 + 10 * i + 1, 3) for i in range(2, workers + 1)]
+    return nodes
+
+
+NODE_PACKAGES = (
+    "python3,python3-venv,openssh-server,rsync,sudo,iproute2,iputils-ping,curl,procps,"
+    "systemd,systemd-sysv,dbus,docker.io,ca-certificates,less"
+)
+ENGINE_BASE_PACKAGES = "python3"
+
+# Applied inside the node rootfs before import; part of the image recipe hash.
+NODE_SETUP = f"""
+set -eu
+rm -f /etc/ssh/ssh_host_*
+cat > /etc/systemd/system/lab-ssh-hostkeys.service <<'EOF'
+[Unit]
+Description=Generate this node's own SSH host keys (the image ships none)
+Before=ssh.service
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+[Install]
+WantedBy=multi-user.target
+EOF
+ln -sf /etc/systemd/system/lab-ssh-hostkeys.service \
+  /etc/systemd/system/multi-user.target.wants/lab-ssh-hostkeys.service
+printf 'PasswordAuthentication no\\nPermitRootLogin prohibit-password\\n' \
+  > /etc/ssh/sshd_config.d/lab.conf
+mkdir -p /etc/docker
+printf '{{"insecure-registries": ["198.18.0.1:{REGISTRY_PORT}"]}}\\n' > /etc/docker/daemon.json
+useradd --create-home --shell /bin/bash --groups docker,sudo {LAB_USER}
+echo '{LAB_USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{LAB_USER}
+chmod 0440 /etc/sudoers.d/{LAB_USER}
+for unit in getty@tty1.service console-getty.service systemd-udevd.service \
+            systemd-udev-trigger.service systemd-firstboot.service; do
+  ln -sf /dev/null /etc/systemd/system/$unit
+done
+apt-get clean
+rm -rf /var/lib/apt/lists/*
+"""
+
+
+class LabError(RuntimeError):
+    """A step of the lab failed; the message says which and what to do."""
+
+
+def log(message: str) -> None:
+    print(f"[lab] {message}", flush=True)
+
+
+def run(
+    argv: list[str], *, check: bool = True, capture: bool = True, **kwargs
+) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, check=False, text=True, capture_output=capture, **kwargs)
+    if check and result.returncode != 0:
+        detail = (result.stderr or result.stdout or "").strip() if capture else ""
+        raise LabError(f"{' '.join(argv)} failed ({result.returncode}): {detail}")
+    return result
+
+
+def docker(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    return run(["docker", *args], check=check, **kwargs)
+
+
+def docker_ok(*args: str) -> bool:
+    return docker(*args, check=False).returncode == 0
+
+
+# --- the machine's own Docker engine -------------------------------------------------------
+
+
+def apt_install(*packages: str) -> None:
+    missing = [
+        p
+        for p in packages
+        if run(["dpkg-query", "-W", "-f=${Status}", p], check=False).stdout != "install ok installed"
+    ]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise LabError(f"missing packages {missing}: run as root or install them first")
+    log(f"installing {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", *missing], env=env)
+
+
+def ensure_engine() -> None:
+    """Start a Docker engine on this machine unless one answers already."""
+    if docker_ok("info"):
+        return
+    if not shutil.which("dockerd"):
+        apt_install("docker.io")
+    log("starting dockerd (this machine runs no service manager)")
+    STATE.mkdir(parents=True, exist_ok=True)
+    with open("/var/log/sparkserve-lab-dockerd.log", "ab") as out:
+        subprocess.Popen(
+            ["dockerd"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    for _ in range(60):
+        if docker_ok("info"):
+            return
+        time.sleep(1)
+    raise LabError("dockerd did not answer within 60 s: see /var/log/sparkserve-lab-dockerd.log")
+
+
+# --- images ------------------------------------------------------------------------------------
+
+
+def recipe_hash(*parts: str | bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def image_exists(ref: str) -> bool:
+    return docker_ok("image", "inspect", ref)
+
+
+def build_rootfs_image(ref: str, packages: str, setup: str, cmd: str) -> None:
+    if image_exists(ref):
+        log(f"image {ref} is up to date")
+        return
+    apt_install("debootstrap")
+    workdir = Path(tempfile.mkdtemp(prefix="rootfs-", dir="/var/tmp"))
+    try:
+        log(f"debootstrap {SUITE} for {ref} (about 1-2 minutes)")
+        run(["debootstrap", "--variant=minbase", f"--include={packages}", SUITE, str(workdir), MIRROR])
+        if setup:
+            run(["chroot", str(workdir), "/bin/sh", "-c", setup])
+        tar = subprocess.Popen(["tar", "-C", str(workdir), "-c", "."], stdout=subprocess.PIPE)
+        changes = [
+            "-c",
+            f"CMD {json.dumps(cmd.split())}",
+            "-c",
+            "ENV container=docker",
+            "-c",
+            f"LABEL {LABEL}=image",
+        ]
+        run(["docker", "import", *changes, "-", ref], stdin=tar.stdout)
+        if tar.wait() != 0:
+            raise LabError("tar of the rootfs failed")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def node_image() -> str:
+    ref = f"sparkserve-lab/node:{recipe_hash(SUITE, NODE_PACKAGES, NODE_SETUP)}"
+    build_rootfs_image(ref, NODE_PACKAGES, NODE_SETUP, "/lib/systemd/systemd")
+    return ref
+
+
+def engine_image() -> str:
+    base = f"sparkserve-lab/pybase:{recipe_hash(SUITE, ENGINE_BASE_PACKAGES)}"
+    build_rootfs_image(base, ENGINE_BASE_PACKAGES, "apt-get clean; rm -rf /var/lib/apt/lists/*", "python3")
+    context = STANDINS / "engine"
+    files = sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    ref = f"{ENGINE_REPO}:{recipe_hash(base, *(p.read_bytes() for p in files))}"
+    if image_exists(ref):
+        log(f"image {ref} is up to date")
+    else:
+        log(f"building {ref}")
+        docker(
+            "build",
+            "--quiet",
+            "--build-arg",
+            f"BASE={base}",
+            "--label",
+            f"{LABEL}=image",
+            "-t",
+            ref,
+            str(context),
+        )
+    return ref
+
+
+# --- background processes on this machine (registry, hub) ----------------------------------
+
+
+def pid_alive(pidfile: Path) -> bool:
+    try:
+        pid = int(pidfile.read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def start_process(name: str, argv: list[str], ready_url: str, headers: dict[str, str] | None = None) -> None:
+    pidfile = STATE / f"{name}.pid"
+    if pid_alive(pidfile) and http_status(ready_url, headers) == 200:
+        return
+    stop_process(name)
+    log(f"starting {name}")
+    with open(STATE / f"{name}.log", "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    pidfile.write_text(str(proc.pid))
+    for _ in range(60):
+        if http_status(ready_url, headers) == 200:
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise LabError(f"{name} did not come up: see {STATE / (name + '.log')}")
+
+
+def stop_process(name: str) -> None:
+    pidfile = STATE / f"{name}.pid"
+    if pid_alive(pidfile):
+        pid = int(pidfile.read_text())
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(50):
+            if not pid_alive(pidfile):
+                break
+            time.sleep(0.1)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+
+
+def http_status(url: str, headers: dict[str, str] | None = None) -> int:
+    request = urllib.request.Request(url, headers=headers or {})  # noqa: S310 - lab URLs only
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def start_registry() -> None:
+    apt_install("docker-registry")
+    config = STATE / "registry.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "version": 0.1,
+                "storage": {
+                    "filesystem": {"rootdirectory": str(STATE / "registry")},
+                    "delete": {"enabled": True},
+                },
+                "http": {"addr": f"{ALL_INTERFACES}:{REGISTRY_PORT}"},
+            }
+        )
+    )
+    start_process(
+        "registry", ["docker-registry", "serve", str(config)], f"http://127.0.0.1:{REGISTRY_PORT}/v2/"
+    )
+
+
+def push_engine(ref: str) -> str:
+    """Push the stand-in engine image and return its digest."""
+    local = f"127.0.0.1:{REGISTRY_PORT}/{ENGINE_REPO}:lab"
+    docker("tag", ref, local)
+    docker("push", "--quiet", local)
+    repo_digests = json.loads(docker("image", "inspect", "--format", "{{json .RepoDigests}}", local).stdout)
+    for entry in repo_digests:
+        if entry.startswith(f"127.0.0.1:{REGISTRY_PORT}/{ENGINE_REPO}@"):
+            return entry.split("@", 1)[1]
+    raise LabError(f"no registry digest for {local}: {repo_digests}")
+
+
+def hub_token() -> str:
+    path = STATE / "hub-token"
+    if not path.exists():
+        path.write_text("hf_lab_" + hashlib.sha256(os.urandom(32)).hexdigest()[:32])
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def start_hub(size_mb: int) -> None:
+    root = STATE / "hub"
+    repo_dir = root / HUB_REPO
+    stamp = root / f".generated-{size_mb}mb"
+    if not stamp.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        log(f"generating the synthetic checkpoint ({size_mb} MB)")
+        run(
+            [
+                sys.executable,
+                str(STANDINS / "hub" / "make_checkpoint.py"),
+                "--out",
+                str(repo_dir),
+                "--size-mb",
+                str(size_mb),
+            ]
+        )
+        stamp.touch()
+    token = hub_token()
+    start_process(
+        "hub",
+        [
+            sys.executable,
+            str(STANDINS / "hub" / "hf_hub_standin.py"),
+            "--root",
+            str(root),
+            "--host",
+            ALL_INTERFACES,
+            "--port",
+            str(HUB_PORT),
+            "--token-file",
+            str(STATE / "hub-token"),
+            "--access-log",
+            str(STATE / "hub-access.log"),
+        ],
+        f"http://127.0.0.1:{HUB_PORT}/api/models/{HUB_REPO}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def start_wheels() -> None:
+    """Serve huggingface_hub's wheels to the nodes, which reach no package index themselves."""
+    wheels = STATE / "wheels"
+    pin = next(
+        line
+        for line in (REPO / "requirements.txt").read_text().splitlines()
+        if line.startswith("huggingface_hub==")
+    )
+    stamp = wheels / f".{pin}"
+    if not stamp.exists():
+        shutil.rmtree(wheels, ignore_errors=True)
+        log(f"downloading the wheels of {pin} for the nodes")
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--only-binary=:all:",
+                "--dest",
+                str(wheels),
+                pin,
+            ]
+        )
+        stamp.touch()
+    start_process(
+        "wheels",
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            "--bind",
+            ALL_INTERFACES,
+            "--directory",
+            str(wheels),
+            str(WHEELS_PORT),
+        ],
+        f"http://127.0.0.1:{WHEELS_PORT}/",
+    )
+
+
+# --- networks and nodes -------------------------------------------------------------------------
+
+
+def ensure_network(name: str, subnet: str, gateway: str, mtu: int | None = None) -> None:
+    if docker_ok("network", "inspect", name):
+        return
+    args = [
+        "network",
+        "create",
+        "--driver",
+        "bridge",
+        "--subnet",
+        subnet,
+        "--gateway",
+        gateway,
+        "--label",
+        f"{LABEL}=network",
+    ]
+    if mtu:
+        args += ["--opt", f"com.docker.network.driver.mtu={mtu}"]
+    docker(*args, name)
+
+
+def ssh_keypair() -> Path:
+    key = STATE / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkserve-lab", "-f", str(key)])
+    return key
+
+
+def node_exec(node: str, script: str, *, user: str = "root") -> str:
+    return docker("exec", "--user", user, node, "/bin/sh", "-c", script).stdout
+
+
+def create_node(node: Node, image: str) -> None:
+    state = docker("inspect", "--format", "{{.State.Running}} {{.Config.Image}}", node.name, check=False)
+    if state.returncode == 0:
+        running, current_image = state.stdout.split()
+        if current_image == image and running == "true":
+            return
+        if current_image != image:
+            raise LabError(
+                f"container {node.name} runs {current_image}, not {image}: run 'labctl down' first"
+            )
+        docker("start", node.name)
+        return
+    log(f"creating node {node.name}")
+    capabilities = [
+        "SYS_ADMIN",
+        "NET_ADMIN",
+        "SYS_PTRACE",
+        "MKNOD",
+        "AUDIT_WRITE",
+        "SYS_CHROOT",
+        "SETFCAP",
+        "NET_RAW",
+        "DAC_READ_SEARCH",
+        "SYS_MODULE",
+        "IPC_LOCK",
+        "SYS_NICE",
+        "SYS_RAWIO",
+        "LINUX_IMMUTABLE",
+        "NET_BROADCAST",
+        "SYSLOG",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "SETGID",
+        "SETUID",
+        "SETPCAP",
+        "NET_BIND_SERVICE",
+        "SYS_BOOT",
+    ]
+    args = [
+        "create",
+        "--name",
+        node.name,
+        "--hostname",
+        node.name,
+        "--label",
+        f"{LABEL}=node",
+        "--network",
+        MGMT[0],
+        "--ip",
+        node.address(MGMT[2]),
+        "--security-opt",
+        "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
+        "--cgroupns=host",
+        "-v",
+        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "--mount",
+        f"type=volume,source=sparkserve-lab-{node.name}-docker,target=/var/lib/docker,"
+        f"volume-label={LABEL}=volume",
+        "--tmpfs",
+        "/run",
+        "--tmpfs",
+        "/run/lock",
+        "--stop-signal",
+        "SIGRTMIN+3",
+    ]
+    # --privileged fails on this machine (no CAP_SYS_RESOURCE): list what systemd and dockerd need.
+    for capability in capabilities:
+        args += ["--cap-add", capability]
+    docker(*args, image, "/lib/systemd/systemd")
+    for network, _subnet, gateway, _ifname, _hca in FABRICS:
+        docker("network", "connect", "--ip", node.address(gateway), network, node.name)
+    docker("start", node.name)
+
+
+def wait_for_systemd(node: str) -> None:
+    for _ in range(90):
+        result = docker("exec", node, "systemctl", "is-system-running", check=False)
+        state = result.stdout.strip()
+        if state in ("running", "degraded"):
+            break
+        time.sleep(1)
+    else:
+        raise LabError(f"systemd in {node} did not finish booting ({state})")
+    for unit in ("ssh", "docker"):
+        if docker("exec", node, "systemctl", "is-active", unit, check=False).stdout.strip() != "active":
+            status = docker("exec", node, "systemctl", "status", "--no-pager", unit, check=False).stdout
+            raise LabError(f"{unit} is not active in {node}:\n{status}")
+
+
+def configure_node(node: Node, public_key: str) -> None:
+    """Give the node the Spark's interface names, the fixture sysfs tree and our SSH key."""
+    renames = [(node.address(MGMT[2]), MGMT_IFNAME)]
+    renames += [(node.address(gateway), ifname) for _n, _s, gateway, ifname, _h in FABRICS]
+    script = ["set -eu"]
+    for address, ifname in renames:
+        script.append(
+            f"cur=$(ip -o -4 addr show | awk '$4 ~ /^{address}\\// {{print $2}}');"
+            f' if [ "$cur" != {ifname} ]; then ip link set "$cur" down;'
+            f' ip link set "$cur" name {ifname}; ip link set {ifname} up; fi'
+        )
+    for _hca, ifname in UNCABLED:
+        # A down bridge stands for the uncabled port's netdev (this kernel has no dummy driver).
+        script.append(f"ip link show {ifname} >/dev/null 2>&1 || ip link add {ifname} type bridge")
+    script.append(f"ip route replace default via {MGMT[2]} dev {MGMT_IFNAME}")
+    node_exec(node.name, "; ".join(script))
+
+    docker("exec", node.name, "mkdir", "-p", "/opt/sparkserve-lab")
+    docker("cp", str(STANDINS / "sysfs" / "make_rdma_sysfs.py"), f"{node.name}:/opt/sparkserve-lab/")
+    devices = [f"{hca}={ifname}:ACTIVE" for _n, _s, _g, ifname, hca in FABRICS]
+    devices += [f"{hca}={ifname}:DOWN" for hca, ifname in UNCABLED]
+    argv = [
+        "python3",
+        "/opt/sparkserve-lab/make_rdma_sysfs.py",
+        "--root",
+        SYSFS_ROOT,
+        "--gid-index",
+        str(node.gid_index),
+        "--link-class-net",
+    ]
+    for device in devices:
+        argv += ["--device", device]
+    docker("exec", node.name, *argv)
+
+    home = f"/home/{LAB_USER}"
+    node_exec(
+        node.name,
+        f"install -d -m 0700 -o {LAB_USER} -g {LAB_USER} {home}/.ssh && "
+        f"printf '%s\\n' '{public_key}' > {home}/.ssh/authorized_keys && "
+        f"chown {LAB_USER}:{LAB_USER} {home}/.ssh/authorized_keys && "
+        f"chmod 0600 {home}/.ssh/authorized_keys",
+    )
+
+
+def wait_for_ssh(node: Node, key: Path) -> None:
+    address = node.address(MGMT[2])
+    for _ in range(30):
+        result = run(["ssh", *ssh_options(key), f"{LAB_USER}@{address}", "true"], check=False)
+        if result.returncode == 0:
+            return
+        time.sleep(1)
+    raise LabError(f"no SSH to {node.name} at {address}: {result.stderr.strip()}")
+
+
+def ssh_options(key: Path) -> list[str]:
+    return [
+        "-i",
+        str(key),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        f"UserKnownHostsFile={STATE / 'ssh' / 'known_hosts'}",
+        "-o",
+        "ConnectTimeout=5",
+    ]
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+
+def up(args: argparse.Namespace) -> None:
+    started = time.monotonic()
+    STATE.mkdir(parents=True, exist_ok=True)
+    ensure_engine()
+    nodes = nodes_for(args.workers)
+    node_ref = node_image()
+    engine_ref = engine_image()
+    ensure_network(MGMT[0], MGMT[1], MGMT[2])
+    for network, subnet, gateway, _ifname, _hca in FABRICS:
+        ensure_network(network, subnet, gateway, FABRIC_MTU)
+    start_registry()
+    digest = push_engine(engine_ref)
+    (STATE / "engine-digest").write_text(digest)
+    start_hub(args.checkpoint_mb)
+    start_wheels()
+    key = ssh_keypair()
+    public_key = key.with_suffix(".pub").read_text().strip()
+    for node in nodes:
+        create_node(node, node_ref)
+    for node in nodes:
+        wait_for_systemd(node.name)
+        configure_node(node, public_key)
+        wait_for_ssh(node, key)
+    (STATE / "nodes.json").write_text(json.dumps([n.name for n in nodes]))
+    log(
+        f"up in {time.monotonic() - started:.0f} s: engine image "
+        f"198.18.0.1:{REGISTRY_PORT}/{ENGINE_REPO}@{digest}; hub http://{MGMT[2]}:{HUB_PORT}"
+    )
+
+
+def lab_resources(kind: str) -> list[str]:
+    listing = docker(kind, "ls", "-q" if kind != "container" else "-aq", "--filter", f"label={LABEL}").stdout
+    return listing.split()
+
+
+def down(_args: argparse.Namespace) -> None:
+    if docker_ok("info"):
+        containers = lab_resources("container")
+        if containers:
+            log(f"removing nodes {' '.join(containers)}")
+            docker("rm", "--force", "--volumes", *containers)
+        for volume in lab_resources("volume"):
+            docker("volume", "rm", "--force", volume)
+        for network in lab_resources("network"):
+            docker("network", "rm", network)
+    for name in ("hub", "registry", "wheels"):
+        stop_process(name)
+    # Node host keys are new with every node: forget them, and the per-run state with them.
+    for transient in ("ssh/known_hosts", "engine-digest", "nodes.json", "registry"):
+        path = STATE / transient
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    log("down")
+
+
+def status(_args: argparse.Namespace) -> None:
+    if not docker_ok("info"):
+        print("docker engine: not answering")
+        return
+    print(
+        docker("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}\t{{.Status}}").stdout, end=""
+    )
+    for name in ("registry", "hub", "wheels"):
+        print(f"{name}: {'running' if pid_alive(STATE / f'{name}.pid') else 'stopped'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    up_parser = commands.add_parser("up", help="build what is missing and start the lab")
+    up_parser.add_argument("--workers", type=int, default=1, help="number of worker nodes (default 1)")
+    up_parser.add_argument(
+        "--checkpoint-mb",
+        type=int,
+        default=24,
+        help="size of the synthetic checkpoint the hub serves (default 24)",
+    )
+    up_parser.set_defaults(func=up)
+    commands.add_parser("down", help="remove the lab").set_defaults(func=down)
+    commands.add_parser("status", help="show the lab").set_defaults(func=status)
+    commands.add_parser("engine", help="only make sure a Docker engine answers").set_defaults(
+        func=lambda _a: ensure_engine()
+    )
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except LabError as error:
+        print(f"[lab] error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

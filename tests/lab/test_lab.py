@@ -1,0 +1,200 @@
+"""Acceptance of the lab itself: what later roles rely on really works inside it."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .conftest import (
+    FABRIC_ADDRESS,
+    HUB_ENDPOINT,
+    HUB_REPO,
+    LAB_USER,
+    MGMT_ADDRESS,
+    STATE,
+    WHEELS_URL,
+    lab_resources,
+    labctl,
+    wait_for,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference_config import PLAN_NAME, reference_args, reference_env
+
+
+def test_nodes_carry_the_spark_interface_names(lab):
+    for node in ("head", "worker"):
+        links = lab.ssh(node, "ip -br -4 addr").stdout
+        assert "enp1s0f1np1" in links and FABRIC_ADDRESS[node] in links
+        assert "enP2p1s0f1np1" in links
+        assert "wlP9s9" in links and MGMT_ADDRESS[node] in links, "the Wi-Fi decoy holds IPv4"
+        assert (
+            "4: ACTIVE"
+            in lab.ssh(node, "cat /opt/sparkserve-lab/sysfs/class/infiniband/rocep1s0f1/ports/1/state").stdout
+        )
+        assert (
+            "DOWN"
+            in lab.ssh(node, "cat /opt/sparkserve-lab/sysfs/class/infiniband/rocep1s0f0/ports/1/state").stdout
+        )
+
+
+def test_head_reaches_worker_by_ssh_over_the_fabric(lab):
+    key = "/tmp/lab-fabric-test-key"
+    lab.ssh("head", f"rm -f {key} {key}.pub && ssh-keygen -q -t ed25519 -N '' -C fabric-test -f {key}")
+    public = lab.ssh("head", f"cat {key}.pub").stdout.strip()
+    lab.ssh("worker", f"printf '%s\\n' {shlex.quote(public)} >> ~/.ssh/authorized_keys")
+    try:
+        route = lab.ssh("head", f"ip route get {FABRIC_ADDRESS['worker']}").stdout
+        assert "dev enp1s0f1np1" in route, route
+        result = lab.ssh(
+            "head",
+            f"ssh -i {key} -o BatchMode=yes -o StrictHostKeyChecking=accept-new "
+            f"-o UserKnownHostsFile=/dev/null {LAB_USER}@{FABRIC_ADDRESS['worker']} "
+            "'hostname; echo $SSH_CONNECTION'",
+        )
+        hostname, connection = result.stdout.split("\n")[:2]
+        assert hostname == "worker"
+        assert connection.split()[0] == FABRIC_ADDRESS["head"], "the session came over the fabric"
+    finally:
+        lab.ssh("worker", "sed -i '/ fabric-test$/d' ~/.ssh/authorized_keys")
+
+
+def test_engine_image_pulls_by_digest_on_every_node(lab):
+    for node in ("head", "worker"):
+        lab.ssh(node, f"docker pull --quiet {lab.engine_image}")
+        digests = lab.ssh(
+            node, f"docker image inspect --format '{{{{json .RepoDigests}}}}' {lab.engine_image}"
+        ).stdout
+        assert lab.engine_image in digests
+
+
+def test_huggingface_hub_downloads_the_synthetic_checkpoint(lab):
+    """The real client, on the head, against the lab hub, with a token."""
+    venv = "/tmp/lab-hf-venv"
+    lab.ssh(
+        "head",
+        f"test -x {venv}/bin/python || (python3 -m venv {venv} && {venv}/bin/pip install --quiet "
+        f"--no-index --find-links {WHEELS_URL} huggingface_hub)",
+    )
+    script = (
+        "import os, sys; from huggingface_hub import snapshot_download; "
+        f"print(snapshot_download({HUB_REPO!r}, local_dir='/tmp/lab-ckpt', token=os.environ['HF_TOKEN']))"
+    )
+    # The token goes through stdin: never on a command line.
+    lab.ssh(
+        "head",
+        f"read -r HF_TOKEN; export HF_TOKEN HF_ENDPOINT={HUB_ENDPOINT} HF_HUB_DISABLE_XET=1 "
+        f"HF_HUB_DISABLE_TELEMETRY=1; {venv}/bin/python -c {shlex.quote(script)}",
+        input_text=lab.hub_token,
+    )
+    source = STATE / "hub" / HUB_REPO
+    remote = dict(
+        line.split(maxsplit=1)[::-1]
+        for line in lab.ssh(
+            "head",
+            "cd /tmp/lab-ckpt && find . -type f -not -path './.cache/*' -print0 | sort -z | "
+            "xargs -0 sha256sum",
+        ).stdout.splitlines()
+    )
+    local = {
+        f"./{p.relative_to(source)}": hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(source.rglob("*"))
+        if p.is_file()
+    }
+    assert remote == local
+    assert any(name.endswith(".part00") for name in remote), "shards 5 and 6 come as parts"
+
+
+def _prepare_model_dir(lab, node: str) -> None:
+    """A rebuilt copy of the synthetic checkpoint and the plan copy, as the roles will leave them."""
+    source = STATE / "hub" / HUB_REPO
+    staging = STATE / "test-model"
+    subprocess.run(["rm", "-rf", str(staging)], check=True)
+    subprocess.run(["cp", "-a", str(source), str(staging)], check=True)
+    for first_part in staging.glob("*.safetensors.part00"):
+        shard = first_part.with_suffix("")
+        parts = sorted(staging.glob(f"{shard.name}.part*"), key=lambda p: int(p.suffix[5:]))
+        with shard.open("wb") as out:
+            for part in parts:
+                out.write(part.read_bytes())
+                part.unlink()
+    lab.ssh(node, "mkdir -p ~/models/test ~/.dsv41-test/plans ~/.dsv41-test/cache")
+    lab.copy_to(node, staging, f"/home/{LAB_USER}/models/test")
+    rewrite = (
+        "import json,sys; p=json.load(open(sys.argv[1])); "
+        "p['qdir']=':'.join('/model/exl3/'+d.rstrip('/').split('/')[-1] for d in p['qdir'].split(':')); "
+        "json.dump(p, open(sys.argv[2], 'w'))"
+    )
+    lab.ssh(
+        node,
+        f"python3 -c {shlex.quote(rewrite)} ~/models/test/exl3/plan/{PLAN_NAME} "
+        f"~/.dsv41-test/plans/{PLAN_NAME}",
+    )
+
+
+def _start_rank(lab, node: str, rank: int, api_key: str) -> None:
+    env = reference_env("enp1s0f1np1", "rocep1s0f1,roceP2p1s0f1", FABRIC_ADDRESS[node])
+    env_args = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items())
+    home = f"/home/{LAB_USER}"
+    # The key reaches the engine through an env file read by docker, never through argv.
+    lab.ssh(
+        node,
+        "umask 077; read -r key; printf 'VLLM_API_KEY=%s\\n' \"$key\" > ~/.dsv41-test/env",
+        input_text=api_key,
+    )
+    argv = " ".join(shlex.quote(a) for a in reference_args(rank, 2, FABRIC_ADDRESS["head"]))
+    lab.ssh(
+        node,
+        f"docker rm -f dsv41-r{rank} >/dev/null 2>&1; docker run -d --name dsv41-r{rank} "
+        f"--network host --ipc host --shm-size 32g --env-file ~/.dsv41-test/env {env_args} "
+        f"-v {home}/models/test:/model:ro -v {home}/.dsv41-test/plans:/plans:ro "
+        f"-v {home}/.dsv41-test/cache:/cache:rw {lab.engine_image} vllm serve {argv}",
+    )
+
+
+def _status(url: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=3) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+def test_engine_started_by_hand_with_the_reference_command_line(lab):
+    api_key = "lab-test-key-" + hashlib.sha256(b"lab").hexdigest()[:16]
+    try:
+        for node in ("worker", "head"):
+            _prepare_model_dir(lab, node)
+        _start_rank(lab, "worker", 1, api_key)
+        _start_rank(lab, "head", 0, api_key)
+        url = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
+        ready = wait_for(lambda: _status(url, api_key) == 200, timeout=60)
+        logs = "\n".join(
+            lab.ssh(n, f"docker logs --tail 20 dsv41-r{r} 2>&1", check=False).stdout
+            for n, r in (("head", 0), ("worker", 1))
+        )
+        assert ready, logs
+        assert _status(url, None) == 401
+        assert _status(url, "wrong-key") == 401
+        for node in ("head", "worker"):
+            assert api_key not in lab.ssh(node, "ps -eo args").stdout, "the key is on no command line"
+    finally:
+        for node, rank in (("head", 0), ("worker", 1)):
+            lab.ssh(node, f"docker rm -f dsv41-r{rank}; rm -rf ~/models/test ~/.dsv41-test", check=False)
+
+
+def test_down_leaves_nothing_and_a_cached_up_is_quick(lab):
+    labctl("down")
+    assert lab_resources() == {"containers": [], "networks": [], "volumes": []}
+    started = time.monotonic()
+    labctl("up")
+    assert time.monotonic() - started < 120, "with images cached the lab starts in under two minutes"
