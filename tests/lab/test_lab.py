@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .conftest import (
+from lab_support import (
     FABRIC_ADDRESS,
     HUB_ENDPOINT,
     HUB_REPO,
@@ -79,8 +79,8 @@ def test_huggingface_hub_downloads_the_synthetic_checkpoint(lab):
     venv = "/tmp/lab-hf-venv"
     lab.ssh(
         "head",
-        f"test -x {venv}/bin/python || (python3 -m venv {venv} && {venv}/bin/pip install --quiet "
-        f"--no-index --find-links {WHEELS_URL} huggingface_hub)",
+        f"python3 -m venv {venv} && {venv}/bin/pip install --quiet --no-index "
+        f"--trusted-host 198.19.0.1 --find-links {WHEELS_URL} huggingface_hub",
     )
     script = (
         "import os, sys; from huggingface_hub import snapshot_download; "
