@@ -25,7 +25,7 @@ from lab_support import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference_config import PLAN_NAME, reference_args, reference_env
+from reference_config import PLAN_NAME, reference_vllm_argv, reference_vllm_env
 
 
 def test_nodes_carry_the_spark_interface_names(lab):
@@ -139,7 +139,7 @@ def _prepare_model_dir(lab, node: str) -> None:
 
 
 def _start_rank(lab, node: str, rank: int, api_key: str) -> None:
-    env = reference_env("enp1s0f1np1", "rocep1s0f1,roceP2p1s0f1", FABRIC_ADDRESS[node])
+    env = reference_vllm_env("enp1s0f1np1", FABRIC_ADDRESS[node], "rocep1s0f1,roceP2p1s0f1")
     env_args = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items())
     home = f"/home/{LAB_USER}"
     # The key reaches the engine through an env file read by docker, never through argv.
@@ -148,13 +148,13 @@ def _start_rank(lab, node: str, rank: int, api_key: str) -> None:
         "umask 077; read -r key; printf 'VLLM_API_KEY=%s\\n' \"$key\" > ~/.dsv41-test/env",
         input_text=api_key,
     )
-    argv = " ".join(shlex.quote(a) for a in reference_args(rank, 2, FABRIC_ADDRESS["head"]))
+    argv = " ".join(shlex.quote(a) for a in reference_vllm_argv(rank, 2, FABRIC_ADDRESS["head"]))
     lab.ssh(
         node,
         f"docker rm -f dsv41-r{rank} >/dev/null 2>&1; docker run -d --name dsv41-r{rank} "
         f"--network host --ipc host --shm-size 32g --env-file ~/.dsv41-test/env {env_args} "
         f"-v {home}/models/test:/model:ro -v {home}/.dsv41-test/plans:/plans:ro "
-        f"-v {home}/.dsv41-test/cache:/cache:rw {lab.engine_image} vllm serve {argv}",
+        f"-v {home}/.dsv41-test/cache:/cache:rw {lab.engine_image} vllm {argv}",
     )
 
 
