@@ -636,6 +636,8 @@ def up(args: argparse.Namespace) -> None:
     started = time.monotonic()
     STATE.mkdir(parents=True, exist_ok=True)
     ensure_engine()
+    # This machine reaches the nodes the way a controller does: SSH, and rsync for tests.
+    apt_install("openssh-client", "rsync")
     nodes = nodes_for(args.workers)
     node_ref = node_image()
     engine_ref = engine_image()
