@@ -23,7 +23,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -31,6 +30,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from typing import Any
+
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import (
+    FileContentError,
+    load_json_object,
+    read_text,
+)
 
 try:  # ctypes is stdlib, but some minimal Python builds ship without it.
     import ctypes
@@ -124,24 +130,13 @@ class Counters:
 
 
 def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` via a temporary file and ``os.replace``.
+    """Atomically write the state and progress files, creating their directory first.
 
-    Used for the state and progress files, which pure code writes without an AnsibleModule;
+    Pure code has no AnsibleModule, so ``_files.write_atomically`` renames with ``os.replace``;
     a reader (or a crash) sees the old or the new content, never half of it.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_path, mode)
-        os.replace(tmp_path, path)
-    finally:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomically(None, path, data, mode)
 
 
 def free_bytes(path: str) -> int:
@@ -250,14 +245,13 @@ def parse_manifest(text: str, source: str = DEFAULT_MANIFEST) -> dict[str, str]:
 def read_manifest(model_dir: str, manifest: str = DEFAULT_MANIFEST) -> dict[str, str]:
     path = os.path.join(model_dir, manifest)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
+        text = read_text(path)
+    except (OSError, FileContentError) as exc:
+        raise CheckpointError(f"cannot read checksum manifest {path}: {exc}") from exc
+    if text is None:
         raise CheckpointError(
             f"checksum manifest {path} not found; download the checkpoint (it ships {manifest}) first."
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read checksum manifest {path}: {exc}") from exc
+        )
     return parse_manifest(text, source=path)
 
 
@@ -346,13 +340,13 @@ def load_state(path: str, model_dir: str) -> tuple[dict[str, Record], str | None
     A damaged state file only costs a re-verification, so it never fails the run.
     """
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, ValueError) as exc:
+        text = read_text(path)
+        if text is None:
+            return {}, None
+        data = load_json_object(path, text)
+    except (OSError, FileContentError) as exc:
         return {}, f"ignoring unreadable state file {path} ({exc}); every file will be re-hashed"
-    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+    if data.get("version") != STATE_VERSION:
         return {}, f"ignoring state file {path} of an unknown format; every file will be re-hashed"
     if data.get("model_dir") != os.path.abspath(model_dir):
         # Records describe another directory (moved, or a shared state file): trust none.
@@ -815,15 +809,15 @@ def check_exl3(
             problems.append(f"EXL3 bank {directory} holds no {EXL3_BANK_PATTERN} files")
     plan_path = os.path.join(root, "plan", plan_name)
     try:
-        with open(plan_path, encoding="utf-8") as handle:
-            plan = json.load(handle)
-    except FileNotFoundError:
-        problems.append(f"EXL3 plan {plan_path} is missing")
-    except (OSError, ValueError) as exc:
-        problems.append(f"EXL3 plan {plan_path} is not valid JSON ({exc})")
-    else:
-        if not isinstance(plan, dict) or "qdir" not in plan:
+        plan_text = read_text(plan_path)
+        if plan_text is None:
+            problems.append(f"EXL3 plan {plan_path} is missing")
+        elif "qdir" not in load_json_object(plan_path, plan_text):
             problems.append(f"EXL3 plan {plan_path} has no 'qdir' field")
+    except FileContentError as exc:
+        problems.append(f"EXL3 plan {exc}")
+    except OSError as exc:
+        problems.append(f"cannot read EXL3 plan {plan_path}: {exc.strerror or exc}")
     if problems:
         raise CheckpointError("; ".join(problems) + "; re-run the download (or the copy to this node).")
     file_count = count_files(root)

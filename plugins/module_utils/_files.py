@@ -1,6 +1,7 @@
-"""Writing files the way every module of this collection does: atomically, mode first.
+"""Writing files the way every part of this collection does: atomically, mode first.
 
-Internal to sparkserve.dsv41; not a public API.
+Internal to sparkserve.dsv41; not a public API. Stdlib only (no Ansible import), so pure code
+such as ``_checkpoint`` can use it too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ def write_atomically(module, path: str, data: bytes, mode: int | None = None) ->
     """Replace ``path`` with ``data`` through a temporary file in the same directory.
 
     The temporary file is created 0600 (mkstemp), so a secret is never readable by others
-    while it is written. ``AnsibleModule.atomic_move`` gives a *new* file umask-derived
-    permissions, hence ``mode`` is applied again after the move.
+    while it is written. With a ``module`` the rename is ``AnsibleModule.atomic_move`` (SELinux
+    contexts, cross-device fallbacks); pure code without one (``module=None``, e.g. the
+    checkpoint state and progress files) gets ``os.replace``. ``atomic_move`` gives a *new*
+    file umask-derived permissions, hence ``mode`` is applied again after the move.
     """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
@@ -25,7 +28,10 @@ def write_atomically(module, path: str, data: bytes, mode: int | None = None) ->
             os.fsync(handle.fileno())
         if mode is not None:
             os.chmod(tmp_path, mode)
-        module.atomic_move(tmp_path, path)
+        if module is None:
+            os.replace(tmp_path, path)
+        else:
+            module.atomic_move(tmp_path, path)
     finally:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)

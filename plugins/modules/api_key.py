@@ -60,10 +60,12 @@ options:
   env_file_owner:
     description:
       - Owner of O(env_file) when it must differ from O(owner), for example V(root) for a root-only file.
+      - Requires O(env_file).
     type: str
   env_file_group:
     description:
       - Group of O(env_file) when it must differ from O(group).
+      - Requires O(env_file).
     type: str
 attributes:
   check_mode:
@@ -167,6 +169,7 @@ def main() -> None:
             "env_file_owner": {"type": "str"},
             "env_file_group": {"type": "str"},
         },
+        required_by={"env_file_owner": "env_file", "env_file_group": "env_file"},
         supports_check_mode=True,
     )
     params = module.params
@@ -193,6 +196,8 @@ def main() -> None:
     try:
         current_key_file = read_bytes(path)
         plan = plan_key(path, current_key_file, params["regenerate"])
+        # Not a module argument, so Ansible cannot know it is secret: mask it in anything we print.
+        module.no_log_values.add(plan.key)
         current_env_file = read_bytes(env_file) if env_file else None
     except InvalidKeyFileError as err:
         module.fail_json(msg=str(err), path=path)

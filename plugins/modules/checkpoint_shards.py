@@ -94,6 +94,13 @@ options:
       - When set, fail unless C(exl3/) holds exactly this many files; pass the head's
         RV(exl3_file_count) when verifying a worker's copy. Requires O(verify_exl3=true).
     type: int
+attributes:
+  check_mode:
+    support: full
+    details: Reads no file data and writes nothing; reports the planned actions (see the notes).
+  diff_mode:
+    support: none
+    details: The result lists per file what was (or would be) done; there is no text diff.
 notes:
   - Check mode reads no file data - hashing 462 GB is not a dry run - and writes or deletes
     nothing. It reports the planned actions (C(would_verify), C(would_rebuild)) and trusts files

@@ -67,10 +67,10 @@ seealso:
 attributes:
   check_mode:
     support: full
-    description: Reads only; returns the same data in check mode.
+    details: Reads only; returns the same data in check mode.
   diff_mode:
     support: none
-    description: Nothing is changed, so there is no diff.
+    details: Nothing is changed, so there is no diff.
 """
 
 EXAMPLES = r"""

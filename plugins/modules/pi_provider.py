@@ -235,7 +235,9 @@ def main() -> None:
                 path = file_plan.file.path
                 if params["backup"] and file_plan.file.before is not None:
                     backup_files.append(backup_file(path, timestamp))
-                mode = current_mode(path) or NEW_FILE_MODE
+                mode = current_mode(path)
+                if mode is None:  # a new file: private, it sits next to files that may hold keys
+                    mode = NEW_FILE_MODE
                 write_atomically(module, path, file_plan.file.after.encode("utf-8"), mode)
         except OSError as err:
             module.fail_json(

@@ -393,6 +393,16 @@ def test_unreadable_state_file_means_rehash(tmp_path):
     assert json.loads(state.read_text())["version"] == ck.STATE_VERSION
 
 
+@pytest.mark.parametrize("content", ["[]", '{"version": 99, "files": {}}'])
+def test_state_file_of_another_shape_is_ignored_with_a_warning(tmp_path, content):
+    model, _data = build_checkpoint(tmp_path, parts={})
+    state = tmp_path / "state.json"
+    state.write_text(content)
+    records, warning = ck.load_state(str(state), str(model))
+    assert records == {}
+    assert str(state) in warning and "every file will be re-hashed" in warning
+
+
 def test_state_of_another_directory_is_not_trusted(tmp_path):
     model, _data = build_checkpoint(tmp_path, parts={})
     state = tmp_path / "shared-state.json"

@@ -260,3 +260,10 @@ def test_key_never_reaches_stdout(capsys, state_dir):
         assert '"changed": true' in output
         for key in keys:
             assert key not in output
+
+
+@pytest.mark.parametrize("option", ["env_file_owner", "env_file_group"])
+def test_env_file_ownership_needs_an_env_file(run_module, state_dir, option):
+    result = run_module(api_key, {"path": str(state_dir / "api_key"), option: "root"})
+    assert result.failed and "env_file" in result["msg"]
+    assert list(state_dir.iterdir()) == []
