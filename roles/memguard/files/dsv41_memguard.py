@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""Memory guard for DeepSeek-V4.1-Flash serving nodes (NVIDIA DGX Spark / GB10).
+
+A GB10 shares one 128 GB LPDDR pool between CPU and GPU. When MemAvailable reaches 0 the host
+does not OOM-kill its way out: it wedges and needs a power cycle. This guard samples
+MemAvailable every ``--interval`` seconds and, once it drops under ``--floor-gib``, kills the
+running vLLM rank containers (names starting with ``--container-prefix``) through the docker CLI,
+so the node survives and the rank services can restart them.
+
+It also writes a low-memory trace (the top RSS processes) while MemAvailable is under
+``--trace-below-gib``, rate-limited by ``--trace-every``, so an operator can see what ate the
+memory after the fact. Everything goes to one size-rotated log file: the role must not depend on
+logrotate being installed.
+
+Stdlib only, Python 3.10+, runs as root under systemd. The decision logic is made of pure
+functions and the loop takes its clock, sleep, meminfo reader and command runner as parameters,
+so the unit tests run without docker, root or real memory pressure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import enum
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import NamedTuple
+
+GIB = 1024**3
+MIB = 1024**2
+KIB = 1024
+
+DEFAULT_STATE_DIR = "~/.dsv41-two-sparks"  # the collection's dsv41_state_dir default
+CMDLINE_MAX_CHARS = 200  # keeps a trace line readable; the head of argv identifies the process
+# Docker container names are [a-zA-Z0-9][a-zA-Z0-9_.-]*; restricting the prefix to that set keeps
+# it harmless inside the `name=^<prefix>` regex filter and unable to look like a CLI option.
+CONTAINER_PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class Action(enum.Enum):
+    """What the guard should do after one MemAvailable sample."""
+
+    NONE = "none"  # at or above the floor
+    KILL = "kill"  # under the floor and no kill within the cooldown
+    COOLDOWN = "cooldown"  # under the floor, but a kill just happened: give it time to free memory
+
+
+class ProcessRss(NamedTuple):
+    """One process of the low-memory trace."""
+
+    pid: int
+    rss_bytes: int
+    comm: str
+    cmdline: str
+
+
+class CommandResult(NamedTuple):
+    """Outcome of one docker CLI call; failures to run at all are folded in (124 timeout, 127 OSError)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], float], CommandResult]
+
+
+class StopRequested(Exception):
+    """Raised from the SIGTERM/SIGINT handler to leave the loop wherever it is, even mid-sleep."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions
+# --------------------------------------------------------------------------------------------
+
+
+def parse_meminfo(text: str) -> int:
+    """Return MemAvailable in bytes from /proc/meminfo text.
+
+    Raises ValueError when the field is missing or malformed: guessing a number here could
+    either kill the ranks for nothing or, worse, never kill them.
+    """
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if not sep or key.strip() != "MemAvailable":
+            continue
+        fields = rest.split()
+        if not fields or not fields[0].isdigit():
+            raise ValueError(f"malformed MemAvailable line: {line!r}")
+        value = int(fields[0])
+        unit = fields[1].lower() if len(fields) > 1 else ""
+        if unit == "kb":  # the kernel writes "kB" and means KiB
+            return value * KIB
+        if unit == "":
+            return value
+        raise ValueError(f"unknown MemAvailable unit {fields[1]!r}")
+    raise ValueError("no MemAvailable field in meminfo (kernel older than 3.14?)")
+
+
+def decide(
+    mem_available: int, floor: int, last_kill_time: float | None, now: float, cooldown: float
+) -> Action:
+    """Decide from one sample (bytes) and monotonic times (seconds).
+
+    The cooldown stops a second kill while the first one is still releasing memory (unmapping
+    ~100 GB of weights and KV cache takes seconds); once it has elapsed, memory still under the
+    floor means something else holds it (e.g. a restarted rank), so the guard kills again.
+    """
+    if mem_available >= floor:
+        return Action.NONE
+    if last_kill_time is not None and now - last_kill_time < cooldown:
+        return Action.COOLDOWN
+    return Action.KILL
+
+
+def should_trace(
+    mem_available: int, trace_below: int, last_trace_time: float | None, now: float, every: float
+) -> bool:
+    """True when memory is low and no trace was written in the last ``every`` seconds."""
+    if mem_available >= trace_below:
+        return False
+    return last_trace_time is None or now - last_trace_time >= every
+
+
+def _read_vmrss(status_text: str) -> int | None:
+    """VmRSS in bytes from /proc/<pid>/status, None for kernel threads (they have no VmRSS)."""
+    for line in status_text.splitlines():
+        if line.startswith("VmRSS:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                return int(fields[1]) * KIB
+            return None
+    return None
+
+
+def top_rss(proc_root: Path, limit: int = 10) -> list[ProcessRss]:
+    """The ``limit`` processes with the largest resident set, largest first.
+
+    Reads /proc/<pid>/status, comm and cmdline directly (no psutil: stdlib only). Processes
+    that exit or cannot be read while we scan are skipped, since a trace is best effort.
+    """
+    found: list[ProcessRss] = []
+    try:
+        entries = list(os.scandir(proc_root))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        pid_dir = Path(entry.path)
+        try:
+            rss = _read_vmrss((pid_dir / "status").read_text(errors="replace"))
+            if rss is None:
+                continue
+            comm = (pid_dir / "comm").read_text(errors="replace").rstrip("\n")
+            raw_cmdline = (pid_dir / "cmdline").read_bytes()
+        except OSError:  # exited meanwhile, or a permission quirk
+            continue
+        cmdline = " ".join(part.decode(errors="replace") for part in raw_cmdline.split(b"\0") if part)
+        found.append(ProcessRss(int(entry.name), rss, comm, cmdline))
+    found.sort(key=lambda p: (-p.rss_bytes, p.pid))
+    return found[:limit]
+
+
+def format_gib(n_bytes: float) -> str:
+    """Bytes as GiB with two decimals: the unit the floor and trace thresholds are given in."""
+    return f"{n_bytes / GIB:.2f} GiB"
+
+
+def _one_line(text: str, limit: int | None = None) -> str:
+    """Keep a log entry on one line whatever a process put in its comm or argv."""
+    clean = "".join(ch if ch.isprintable() else "?" for ch in text)
+    if limit is not None and len(clean) > limit:
+        clean = clean[: limit - 3] + "..."
+    return clean
+
+
+def format_line(when: float, event: str, message: str) -> str:
+    """One log line: local ISO-8601 timestamp with offset, event word, message."""
+    stamp = datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="milliseconds")
+    return f"{stamp} {event} {_one_line(message)}\n"
+
+
+def format_trace(mem_available: int, processes: Sequence[ProcessRss]) -> list[str]:
+    """Messages of one trace event: a header, then one message per process."""
+    messages = [f"MemAvailable={format_gib(mem_available)}; top {len(processes)} processes by RSS"]
+    for rank, proc in enumerate(processes, 1):
+        messages.append(
+            f"#{rank} rss={proc.rss_bytes / MIB:.0f} MiB pid={proc.pid} comm={_one_line(proc.comm)}"
+            f" cmdline={_one_line(proc.cmdline, CMDLINE_MAX_CHARS)}"
+        )
+    return messages
+
+
+def matching_containers(ps_output: str, prefix: str) -> list[str]:
+    """Names from `docker ps --format {{.Names}}` output that really start with ``prefix``.
+
+    Docker's name filter is a regex matched anywhere in the name; checking the prefix again
+    here means a surprise in that filter can never widen what gets killed.
+    """
+    names = (line.strip() for line in ps_output.splitlines())
+    return [name for name in names if name.startswith(prefix)]
+
+
+# --------------------------------------------------------------------------------------------
+# Side effects: log, docker, loop
+# --------------------------------------------------------------------------------------------
+
+
+class RotatingLog:
+    """Append-only log with size-based rotation (log -> log.1 -> ... -> log.<backups>).
+
+    Opened per write: events are rare (start, kills, errors, one trace per ``trace_every``), and
+    reopening survives an operator deleting or moving the file. A failed write goes to stderr
+    (the journal) instead of raising: losing a log line must never stop the guard.
+    """
+
+    def __init__(self, path: Path, max_bytes: int, backups: int, clock: Callable[[], float]) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.clock = clock
+
+    def write(self, event: str, message: str) -> None:
+        self.write_lines(event, [message])
+
+    def write_lines(self, event: str, messages: Sequence[str]) -> None:
+        """Write one event as one or more lines, all with the same timestamp."""
+        when = self.clock()
+        data = "".join(format_line(when, event, message) for message in messages).encode()
+        try:
+            self._rotate_if_needed(len(data))
+            with self.path.open("ab") as handle:
+                handle.write(data)
+        except OSError as exc:
+            sys.stderr.write(f"memguard: cannot write {self.path}: {exc}\n")
+            sys.stderr.buffer.write(data)
+            sys.stderr.flush()
+
+    def _rotate_if_needed(self, incoming: int) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size == 0 or size + incoming <= self.max_bytes:
+            return
+        if self.backups == 0:
+            self.path.unlink()
+            return
+        for index in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+
+def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
+    """Run an argv list (never a shell) with a timeout; a hung docker daemon must not hang us."""
+    try:
+        done = subprocess.run(  # noqa: S603 - argv list, no shell
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return CommandResult(124, "", f"timed out after {timeout:g}s")
+    except OSError as exc:
+        return CommandResult(127, "", str(exc))
+    return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated command-line settings, in bytes and seconds."""
+
+    meminfo: Path
+    proc_root: Path
+    log: Path
+    interval: float
+    floor: int
+    cooldown: float
+    container_prefix: str
+    docker: str
+    docker_timeout: float
+    trace_below: int
+    trace_every: float
+    trace_top: int
+    log_max_bytes: int
+    log_backups: int
+
+    def describe(self) -> str:
+        """The start line: every setting, so a log read later says how the guard was configured."""
+        return (
+            f"pid={os.getpid()} floor={format_gib(self.floor)} interval={self.interval:g}s"
+            f" cooldown={self.cooldown:g}s prefix={self.container_prefix} docker={self.docker}"
+            f" docker_timeout={self.docker_timeout:g}s trace_below={format_gib(self.trace_below)}"
+            f" trace_every={self.trace_every:g}s trace_top={self.trace_top} meminfo={self.meminfo}"
+            f" proc_root={self.proc_root} log={self.log} log_max_bytes={self.log_max_bytes}"
+            f" log_backups={self.log_backups}"
+        )
+
+
+class Guard:
+    """One node's guard state: when it last killed and last traced (monotonic seconds)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log: RotatingLog,
+        *,
+        read_meminfo: Callable[[], str],
+        run: Runner,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.log = log
+        self.read_meminfo = read_meminfo
+        self.run = run
+        self.monotonic = monotonic
+        self.last_kill_time: float | None = None
+        self.last_trace_time: float | None = None
+
+    def step(self) -> bool:
+        """Sample once and act; False when MemAvailable could not be read."""
+        s = self.settings
+        now = self.monotonic()
+        try:
+            mem_available = parse_meminfo(self.read_meminfo())
+        except (OSError, ValueError) as exc:
+            self.log.write("error", f"cannot read MemAvailable from {s.meminfo}: {exc}")
+            return False
+        # Kill before tracing: the scan of /proc costs time the host may not have. The trace taken
+        # on the way down (under trace_below, well above the floor) already shows the culprits.
+        if decide(mem_available, s.floor, self.last_kill_time, now, s.cooldown) is Action.KILL:
+            self._kill(mem_available, now)
+        if should_trace(mem_available, s.trace_below, self.last_trace_time, now, s.trace_every):
+            self.last_trace_time = now
+            processes = top_rss(s.proc_root, s.trace_top)
+            self.log.write_lines("trace", format_trace(mem_available, processes))
+        return True
+
+    def _docker(self, *args: str) -> CommandResult | None:
+        """Run the docker CLI; log and return None on failure."""
+        argv = [self.settings.docker, *args]
+        result = self.run(argv, self.settings.docker_timeout)
+        if result.returncode != 0:
+            detail = _one_line(result.stderr.strip() or result.stdout.strip() or "(no output)")
+            self.log.write("error", f"{' '.join(argv)} failed (rc={result.returncode}): {detail}")
+            return None
+        return result
+
+    def _kill(self, mem_available: int, now: float) -> None:
+        """Kill the rank containers. A docker failure leaves the cooldown unarmed: retry next tick."""
+        s = self.settings
+        under = f"MemAvailable={format_gib(mem_available)} under floor={format_gib(s.floor)}"
+        listed = self._docker("ps", "--filter", f"name=^{s.container_prefix}", "--format", "{{.Names}}")
+        if listed is None:
+            return
+        names = matching_containers(listed.stdout, s.container_prefix)
+        if not names:
+            # Arm the cooldown anyway so a node without ranks does not log this every second.
+            self.last_kill_time = now
+            self.log.write("kill", f"{under}; no running {s.container_prefix}* containers to kill")
+            return
+        # Log the intent before the kill: if the host wedges anyway, this line is already written.
+        self.log.write("kill", f"{under}; killing containers: {' '.join(names)}")
+        if self._docker("kill", *names) is not None:
+            self.last_kill_time = now
+            self.log.write("killed", f"containers: {' '.join(names)}")
+
+
+def run_loop(
+    guard: Guard,
+    *,
+    interval: float,
+    sleep: Callable[[float], None],
+    monotonic: Callable[[], float],
+    iterations: int | None = None,
+) -> None:
+    """Sample every ``interval`` seconds (step time included) until stopped or ``iterations`` ran."""
+    done = 0
+    while iterations is None or done < iterations:
+        started = monotonic()
+        guard.step()
+        done += 1
+        sleep(max(0.0, interval - (monotonic() - started)))
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsv41_memguard",
+        description="Kill the dsv41 rank containers before a shared-memory GB10 node wedges.",
+    )
+    add = parser.add_argument
+    add("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    add("--floor-gib", type=float, default=1.0, help="kill under this MemAvailable (default 1)")
+    add("--cooldown", type=float, default=10.0, help="no second kill within these seconds (default 10)")
+    add("--container-prefix", default="dsv41-r", help="kill containers named so (default dsv41-r)")
+    add("--docker", default="docker", help="docker CLI binary (default: docker from PATH)")
+    add("--docker-timeout", type=float, default=15.0, help="seconds per docker call (default 15)")
+    add("--trace-below-gib", type=float, default=10.0, help="trace top RSS under this (default 10)")
+    add("--trace-every", type=float, default=30.0, help="at most one trace per N seconds (default 30)")
+    add("--trace-top", type=int, default=10, help="processes per trace (default 10)")
+    add("--state-dir", default=DEFAULT_STATE_DIR, help=f"state directory (default {DEFAULT_STATE_DIR})")
+    add("--log", default=None, help="log file (default <state-dir>/memguard.log)")
+    add("--log-max-bytes", type=int, default=10 * MIB, help="rotate past this size (default 10 MiB)")
+    add("--log-backups", type=int, default=3, help="rotated files kept (default 3)")
+    add("--meminfo", default="/proc/meminfo", help="meminfo file (tests point it elsewhere)")
+    add("--proc-root", default="/proc", help="proc tree for the trace (tests point it elsewhere)")
+    add("--once", action="store_true", help="sample once, act, exit (tests and diagnostics)")
+    return parser
+
+
+def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    """Validate; parser.error() prints usage and the reason and exits 2."""
+
+    def positive(name: str, value: float) -> None:
+        if not (math.isfinite(value) and value > 0):
+            parser.error(f"{name} must be a finite number > 0, got {value}")
+
+    def non_negative(name: str, value: float) -> None:
+        if not (math.isfinite(value) and value >= 0):
+            parser.error(f"{name} must be a finite number >= 0, got {value}")
+
+    positive("--floor-gib", args.floor_gib)
+    positive("--interval", args.interval)
+    positive("--docker-timeout", args.docker_timeout)
+    positive("--log-max-bytes", args.log_max_bytes)
+    non_negative("--cooldown", args.cooldown)
+    non_negative("--trace-below-gib", args.trace_below_gib)
+    non_negative("--trace-every", args.trace_every)
+    non_negative("--trace-top", args.trace_top)
+    non_negative("--log-backups", args.log_backups)
+    if not CONTAINER_PREFIX_RE.fullmatch(args.container_prefix):
+        parser.error(
+            f"--container-prefix must match {CONTAINER_PREFIX_RE.pattern} (a docker name prefix),"
+            f" got {args.container_prefix!r}"
+        )
+    state_dir = Path(args.state_dir).expanduser()
+    log = Path(args.log).expanduser() if args.log else state_dir / "memguard.log"
+    return Settings(
+        meminfo=Path(args.meminfo),
+        proc_root=Path(args.proc_root),
+        log=log,
+        interval=args.interval,
+        floor=int(args.floor_gib * GIB),
+        cooldown=args.cooldown,
+        container_prefix=args.container_prefix,
+        docker=args.docker,
+        docker_timeout=args.docker_timeout,
+        trace_below=int(args.trace_below_gib * GIB),
+        trace_every=args.trace_every,
+        trace_top=args.trace_top,
+        log_max_bytes=args.log_max_bytes,
+        log_backups=args.log_backups,
+    )
+
+
+def _raise_stop(signum: int, _frame: FrameType | None) -> None:
+    raise StopRequested(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Guard until SIGTERM/SIGINT (exit 0); with --once, exit 1 if MemAvailable was unreadable."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settings = settings_from_args(parser, args)
+    try:
+        settings.log.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # keep guarding; RotatingLog falls back to stderr
+        sys.stderr.write(f"memguard: cannot create {settings.log.parent}: {exc}\n")
+    log = RotatingLog(settings.log, settings.log_max_bytes, settings.log_backups, time.time)
+    guard = Guard(
+        settings,
+        log,
+        read_meminfo=settings.meminfo.read_text,
+        run=run_command,
+        monotonic=time.monotonic,
+    )
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        log.write("start", settings.describe() + (" once" if args.once else ""))
+        if args.once:
+            return 0 if guard.step() else 1
+        run_loop(guard, interval=settings.interval, sleep=time.sleep, monotonic=time.monotonic)
+    except StopRequested as stop:
+        log.write("stop", f"{signal.Signals(stop.signum).name} received, exiting")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
