@@ -349,24 +349,36 @@ def hub_token() -> str:
     return path.read_text().strip()
 
 
+def fill_once(directory: Path, recipe: str, message: str, argv: list[str]) -> None:
+    """Fill ``directory`` by running ``argv`` unless it was already filled for this ``recipe``.
+
+    The stamp is written last, so an interrupted fill starts over instead of being trusted.
+    """
+    stamp = directory / f".filled-{recipe}"
+    if stamp.exists():
+        return
+    shutil.rmtree(directory, ignore_errors=True)
+    log(message)
+    run(argv)
+    stamp.touch()
+
+
 def start_hub(size_mb: int) -> None:
     root = STATE / "hub"
     repo_dir = root / HUB_REPO
-    stamp = root / f".generated-{size_mb}mb"
-    if not stamp.exists():
-        shutil.rmtree(root, ignore_errors=True)
-        log(f"generating the synthetic checkpoint ({size_mb} MB)")
-        run(
-            [
-                sys.executable,
-                str(STANDINS / "hub" / "make_checkpoint.py"),
-                "--out",
-                str(repo_dir),
-                "--size-mb",
-                str(size_mb),
-            ]
-        )
-        stamp.touch()
+    fill_once(
+        root,
+        f"generated-{size_mb}mb",
+        f"generating the synthetic checkpoint ({size_mb} MB)",
+        [
+            sys.executable,
+            str(STANDINS / "hub" / "make_checkpoint.py"),
+            "--out",
+            str(repo_dir),
+            "--size-mb",
+            str(size_mb),
+        ],
+    )
     token = hub_token()
     start_process(
         "hub",
@@ -397,24 +409,22 @@ def start_wheels() -> None:
         for line in (REPO / "requirements.txt").read_text().splitlines()
         if line.startswith("huggingface_hub==")
     )
-    stamp = wheels / f".{pin}"
-    if not stamp.exists():
-        shutil.rmtree(wheels, ignore_errors=True)
-        log(f"downloading the wheels of {pin} for the nodes")
-        run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--only-binary=:all:",
-                "--dest",
-                str(wheels),
-                pin,
-            ]
-        )
-        stamp.touch()
+    fill_once(
+        wheels,
+        pin,
+        f"downloading the wheels of {pin} for the nodes",
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "--dest",
+            str(wheels),
+            pin,
+        ],
+    )
     start_process(
         "wheels",
         [

@@ -1,4 +1,4 @@
-"""What the lab acceptance tests know about the lab: its addresses, and how to reach the nodes."""
+"""What the lab acceptance tests know about the lab: taken from lab/labctl.py, never restated."""
 
 from __future__ import annotations
 
@@ -10,33 +10,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "lab"))
+import labctl  # noqa: E402 - the lab's single source of addresses, names and SSH options
+
 LABCTL = [sys.executable, str(REPO / "lab" / "labctl.py")]
-STATE = REPO / ".lab"
-LAB_USER = "spark"
-MGMT_ADDRESS = {"head": "198.19.0.13", "worker": "198.19.0.11"}
-FABRIC_ADDRESS = {"head": "198.18.0.13", "worker": "198.18.0.11"}
-REGISTRY = "198.18.0.1:5000"
-ENGINE_REPO = "sparkserve-lab/vllm-standin"
-HUB_ENDPOINT = "http://198.19.0.1:5080"
-HUB_REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
-WHEELS_URL = "http://198.19.0.1:5081/"
+STATE = labctl.STATE
+LAB_USER = labctl.LAB_USER
+_NODES = labctl.nodes_for(1)
+MGMT_ADDRESS = {node.name: node.address(labctl.MGMT[2]) for node in _NODES}
+FABRIC_ADDRESS = {node.name: node.address(labctl.FABRICS[0][2]) for node in _NODES}
+REGISTRY = f"{labctl.FABRICS[0][2]}:{labctl.REGISTRY_PORT}"
+ENGINE_REPO = labctl.ENGINE_REPO
+HUB_ENDPOINT = f"http://{labctl.MGMT[2]}:{labctl.HUB_PORT}"
+HUB_REPO = labctl.HUB_REPO
+WHEELS_HOST = labctl.MGMT[2]
+WHEELS_URL = f"http://{WHEELS_HOST}:{labctl.WHEELS_PORT}/"
+http_status = labctl.http_status
 
 
-def labctl(*args: str) -> subprocess.CompletedProcess:
+def labctl_run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*LABCTL, *args], check=True, text=True, capture_output=True)
 
 
 def lab_resources() -> dict[str, list[str]]:
-    def listing(*argv: str) -> list[str]:
-        return subprocess.run(
-            ["docker", *argv, "--filter", "label=sparkserve.lab"], check=True, text=True, capture_output=True
-        ).stdout.split()
-
-    return {
-        "containers": listing("ps", "-aq"),
-        "networks": listing("network", "ls", "-q"),
-        "volumes": listing("volume", "ls", "-q"),
-    }
+    return {kind + "s": labctl.lab_resources(kind) for kind in ("container", "network", "volume")}
 
 
 @dataclass
@@ -55,19 +52,7 @@ class Lab:
         input_text: str | None = None,
     ) -> subprocess.CompletedProcess:
         """Run ``command`` on ``node`` over SSH as the lab user, as Ansible does."""
-        argv = [
-            "ssh",
-            "-i",
-            str(self.key),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=accept-new",
-            "-o",
-            f"UserKnownHostsFile={STATE / 'ssh' / 'known_hosts'}",
-            f"{LAB_USER}@{MGMT_ADDRESS[node]}",
-            command,
-        ]
+        argv = ["ssh", *labctl.ssh_options(self.key), f"{LAB_USER}@{MGMT_ADDRESS[node]}", command]
         result = subprocess.run(
             argv,
             check=False,
@@ -83,17 +68,9 @@ class Lab:
         return result
 
     def copy_to(self, node: str, source: Path, dest: str) -> None:
+        ssh = " ".join(shlex.quote(option) for option in ["ssh", *labctl.ssh_options(self.key)])
         subprocess.run(
-            [
-                "rsync",
-                "-a",
-                "-e",
-                f"ssh -i {shlex.quote(str(self.key))} -o BatchMode=yes "
-                f"-o UserKnownHostsFile={STATE / 'ssh' / 'known_hosts'}",
-                f"{source}/",
-                f"{LAB_USER}@{MGMT_ADDRESS[node]}:{dest}/",
-            ],
-            check=True,
+            ["rsync", "-a", "-e", ssh, f"{source}/", f"{LAB_USER}@{MGMT_ADDRESS[node]}:{dest}/"], check=True
         )
 
 

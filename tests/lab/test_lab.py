@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._exl3_plan import rewrite_plan
 from lab_support import (
     FABRIC_ADDRESS,
     HUB_ENDPOINT,
@@ -18,13 +16,13 @@ from lab_support import (
     LAB_USER,
     MGMT_ADDRESS,
     STATE,
+    WHEELS_HOST,
     WHEELS_URL,
+    http_status,
     lab_resources,
-    labctl,
+    labctl_run,
     wait_for,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference_config import PLAN_NAME, reference_vllm_argv, reference_vllm_env
 
 
@@ -80,7 +78,7 @@ def test_huggingface_hub_downloads_the_synthetic_checkpoint(lab):
     lab.ssh(
         "head",
         f"python3 -m venv {venv} && {venv}/bin/pip install --quiet --no-index "
-        f"--trusted-host 198.19.0.1 --find-links {WHEELS_URL} huggingface_hub",
+        f"--trusted-host {WHEELS_HOST} --find-links {WHEELS_URL} huggingface_hub",
     )
     script = (
         "import os, sys; from huggingface_hub import snapshot_download; "
@@ -124,18 +122,13 @@ def _prepare_model_dir(lab, node: str) -> None:
             for part in parts:
                 out.write(part.read_bytes())
                 part.unlink()
+    plans = STATE / "test-plans"
+    plans.mkdir(exist_ok=True)
+    plan = json.loads((staging / "exl3" / "plan" / PLAN_NAME).read_text())
+    (plans / PLAN_NAME).write_text(json.dumps(rewrite_plan(plan)))
     lab.ssh(node, "mkdir -p ~/models/test ~/.dsv41-test/plans ~/.dsv41-test/cache")
     lab.copy_to(node, staging, f"/home/{LAB_USER}/models/test")
-    rewrite = (
-        "import json,sys; p=json.load(open(sys.argv[1])); "
-        "p['qdir']=':'.join('/model/exl3/'+d.rstrip('/').split('/')[-1] for d in p['qdir'].split(':')); "
-        "json.dump(p, open(sys.argv[2], 'w'))"
-    )
-    lab.ssh(
-        node,
-        f"python3 -c {shlex.quote(rewrite)} ~/models/test/exl3/plan/{PLAN_NAME} "
-        f"~/.dsv41-test/plans/{PLAN_NAME}",
-    )
+    lab.copy_to(node, plans, f"/home/{LAB_USER}/.dsv41-test/plans")
 
 
 def _start_rank(lab, node: str, rank: int, api_key: str) -> None:
@@ -159,14 +152,7 @@ def _start_rank(lab, node: str, rank: int, api_key: str) -> None:
 
 
 def _status(url: str, key: str | None) -> int:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=3) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
+    return http_status(url, {"Authorization": f"Bearer {key}"} if key else None)
 
 
 def test_engine_started_by_hand_with_the_reference_command_line(lab):
@@ -193,8 +179,8 @@ def test_engine_started_by_hand_with_the_reference_command_line(lab):
 
 
 def test_down_leaves_nothing_and_a_cached_up_is_quick(lab):
-    labctl("down")
+    labctl_run("down")
     assert lab_resources() == {"containers": [], "networks": [], "volumes": []}
     started = time.monotonic()
-    labctl("up")
+    labctl_run("up")
     assert time.monotonic() - started < 120, "with images cached the lab starts in under two minutes"
