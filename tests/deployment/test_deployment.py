@@ -178,3 +178,38 @@ def test_teardown_stops_ranks_and_guards_and_site_brings_them_back(lab):
     assert http_status(url, {"Authorization": f"Bearer {api_key(lab)}"}) == 200
     for node in RANKS:
         assert lab.ssh(node, "systemctl is-active dsv41-memguard").stdout.strip() == "active"
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("dsv41_api_port=70000", "dsv41_api_port"),
+        ("dsv41_image=registry.example/dsv41:latest", "dsv41_image"),
+        ("rank_kv_cache_memory_bytes=-1", "rank_kv_cache_memory_bytes"),
+        ("rank_master_port=0", "rank_master_port"),
+        ("dsv41_worker_group=nobody", "dsv41_worker_group"),
+    ],
+)
+def test_bad_variables_fail_in_preflight_naming_the_variable(override, named):
+    run, _ = site("-e", override)
+    assert run.returncode != 0
+    assert named in run.stdout
+    assert "PLAY [Put the verified checkpoint" not in run.stdout, "nothing after preflight ran"
+    assert all(counts["changed"] == 0 for counts in recap(run.stdout).values())
+
+
+def test_status_shows_every_node_in_one_table():
+    run = subprocess.run(
+        ["ansible-playbook", "playbooks/status.yml", "-i", "inventory/lab"],
+        cwd=REPO, text=True, capture_output=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = {
+        line.split()[0]: line
+        for line in run.stdout.splitlines()
+        if re.match(r"\s*(head|worker)\s+dsv41-r", line)
+    }
+    assert set(rows) == {"head", "worker"}, run.stdout
+    assert "running since" in rows["head"] and "healthy" in rows["head"] and "not healthy" not in rows["head"]
+    assert "running since" in rows["worker"]
+    assert all(" active " in row and "GiB" in row for row in rows.values())
