@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import time
 
 import pytest
-from lab_support import FABRIC_ADDRESS, MGMT_ADDRESS, REPO, http_status
+from deployment_support import MODEL_DIR, STATE_DIR, changed_nothing, run_playbook, site
+from lab_support import FABRIC_ADDRESS, MGMT_ADDRESS, http_status
 from reference_config import reference_vllm_argv, reference_vllm_env
 
 RANKS = {"head": 0, "worker": 1}
 HCAS = "rocep1s0f1,roceP2p1s0f1"
 IMAGE_ENV = {"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "container"}
-STATE_DIR = "/home/spark/.dsv41-two-sparks"
-MODEL_DIR = "/home/spark/models/DeepSeek-V4.1-Flash-Spark"
-
-
-def site(*args: str) -> tuple[subprocess.CompletedProcess, float]:
-    """Run site.yml on the lab as a user would; return the run and its seconds."""
-    started = time.monotonic()
-    run = subprocess.run(
-        ["ansible-playbook", "playbooks/site.yml", "-i", "inventory/lab", *args],
-        cwd=REPO, text=True, capture_output=True, check=False,
-        env={**os.environ, "ANSIBLE_FORCE_COLOR": "0"},
-    )  # fmt: skip
-    return run, time.monotonic() - started
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    return {
-        host: {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", counts)}
-        for host, counts in re.findall(r"^(\w+)\s+: (ok=.*)$", output, re.MULTILINE)
-    }
 
 
 def inspect(lab, node: str) -> dict:
@@ -112,7 +90,7 @@ def test_key_is_in_no_command_line_and_no_unit_file(lab):
 def test_second_run_changes_nothing_and_never_prints_the_key(lab):
     run, _ = site("-vvv")
     assert run.returncode == 0, run.stdout[-3000:]
-    assert all(counts["changed"] == 0 for counts in recap(run.stdout).values()), run.stdout[-3000:]
+    assert changed_nothing(run), run.stdout[-3000:]
     assert api_key(lab) not in run.stdout + run.stderr
     assert "Bytes read" not in run.stdout or "0.00 Bytes read" in run.stdout, "no checkpoint data re-read"
 
@@ -120,7 +98,7 @@ def test_second_run_changes_nothing_and_never_prints_the_key(lab):
 def test_check_mode_on_a_converged_lab_changes_nothing():
     run, _ = site("--check")
     assert run.returncode == 0, run.stdout[-3000:]
-    assert all(counts["changed"] == 0 for counts in recap(run.stdout).values()), run.stdout[-3000:]
+    assert changed_nothing(run), run.stdout[-3000:]
 
 
 def started_at(lab, node: str) -> str:
@@ -154,30 +132,85 @@ def test_a_rank_that_dies_at_start_up_fails_the_run_fast_with_both_logs():
         assert restored.returncode == 0, restored.stdout[-3000:]
 
 
-def test_teardown_stops_ranks_and_guards_and_site_brings_them_back(lab):
-    run = subprocess.run(
-        ["ansible-playbook", "playbooks/teardown.yml", "-i", "inventory/lab"],
-        cwd=REPO, text=True, capture_output=True, check=False,
-    )  # fmt: skip
-    try:
-        assert run.returncode == 0, run.stdout[-3000:]
-        for node, rank in RANKS.items():
-            assert (
-                lab.ssh(node, f"docker inspect -f '{{{{.State.Running}}}}' dsv41-r{rank}").stdout.strip()
-                == "false"
-            )
-            assert lab.ssh(node, "systemctl is-active dsv41-memguard", check=False).stdout.strip() != "active"
-            assert (
-                lab.ssh(node, f"test -s {STATE_DIR}/api_key || test {node} = worker", check=False).returncode
-                == 0
-            )
-    finally:
-        restored, _ = site()
-    assert restored.returncode == 0, restored.stdout[-3000:]
+def assert_stopped(lab) -> None:
+    for node, rank in RANKS.items():
+        running = lab.ssh(node, f"docker inspect -f '{{{{.State.Running}}}}' dsv41-r{rank}").stdout.strip()
+        assert running == "false", f"dsv41-r{rank} on {node}"
+        assert lab.ssh(node, "systemctl is-active dsv41-memguard", check=False).stdout.strip() != "active"
+
+
+def assert_serving(lab) -> None:
     url = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
     assert http_status(url, {"Authorization": f"Bearer {api_key(lab)}"}) == 200
     for node in RANKS:
         assert lab.ssh(node, "systemctl is-active dsv41-memguard").stdout.strip() == "active"
+
+
+def test_teardown_keeps_state_and_model_and_site_brings_everything_back(lab):
+    key = api_key(lab)
+    run, _ = run_playbook("playbooks/teardown.yml")
+    try:
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert_stopped(lab)
+        for node in RANKS:
+            kept = lab.ssh(node, f"test -d {STATE_DIR} && test -s {MODEL_DIR}/config.json", check=False)
+            assert kept.returncode == 0, f"state and model kept on {node}"
+    finally:
+        restored, _ = site()
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    assert_serving(lab)
+    assert api_key(lab) == key, "the key survives a teardown"
+
+
+def test_playbooks_run_by_fqcn_from_the_installed_collection_and_purge_only_when_asked(lab, fqcn):
+    key = api_key(lab)
+    run, _ = fqcn("teardown", "-e", "dsv41_purge_state=true")
+    try:
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert_stopped(lab)
+        for node in RANKS:
+            assert lab.ssh(node, f"test -e {STATE_DIR}", check=False).returncode != 0, f"state left on {node}"
+            model = lab.ssh(node, f"test -s {MODEL_DIR}/config.json", check=False)
+            assert model.returncode == 0, f"model kept on {node}"
+    finally:
+        restored, _ = fqcn("site")
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    assert_serving(lab)
+    assert api_key(lab) != key, "a purged state means a new key"
+    again, _ = fqcn("site", "--check")
+    assert again.returncode == 0 and changed_nothing(again), again.stdout[-3000:]
+    status, _ = fqcn("status")
+    assert status.returncode == 0 and "healthy" in status.stdout, status.stdout[-3000:]
+    logs, _ = fqcn("logs", "-e", "rank_logs_rank=1")
+    assert logs.returncode == 0 and "===== worker (dsv41-r1)" in logs.stdout, logs.stdout[-3000:]
+
+
+def logged_lines(output: str, header: str) -> list[str]:
+    """The log lines logs.yml printed between its header and its live-tail hint."""
+    block = output[output.index(header) :]
+    block = block[: block.index("===== live tail")]
+    return [line for line in block.splitlines()[1:] if re.search(r"\d{4}-\d\d-\d\dT", line)]
+
+
+def test_logs_show_the_last_lines_of_the_rank_asked_for():
+    run, _ = run_playbook("playbooks/logs.yml", "-e", "rank_logs_rank=1", "-e", "rank_logs_lines=3")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "dsv41-r0" not in run.stdout.replace("dsv41-r0 ", ""), "only the worker's rank is shown"
+    lines = logged_lines(run.stdout, "===== worker (dsv41-r1), last 3 lines")
+    assert 1 <= len(lines) <= 3, run.stdout
+
+
+def test_logs_follow_for_the_time_asked():
+    run, seconds = run_playbook("playbooks/logs.yml", "-e", "rank_logs_follow_seconds=4")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "===== head (dsv41-r0), last 40 lines, followed for 4 s" in run.stdout
+    assert seconds >= 4
+
+
+def test_logs_name_the_variable_when_the_rank_does_not_exist():
+    run, _ = run_playbook("playbooks/logs.yml", "-e", "rank_logs_rank=5")
+    assert run.returncode != 0
+    assert "rank_logs_rank must be one of 0..1" in run.stdout
 
 
 @pytest.mark.parametrize(
@@ -195,14 +228,11 @@ def test_bad_variables_fail_in_preflight_naming_the_variable(override, named):
     assert run.returncode != 0
     assert named in run.stdout
     assert "PLAY [Put the verified checkpoint" not in run.stdout, "nothing after preflight ran"
-    assert all(counts["changed"] == 0 for counts in recap(run.stdout).values())
+    assert changed_nothing(run), run.stdout[-3000:]
 
 
 def test_status_shows_every_node_in_one_table():
-    run = subprocess.run(
-        ["ansible-playbook", "playbooks/status.yml", "-i", "inventory/lab"],
-        cwd=REPO, text=True, capture_output=True, check=False,
-    )  # fmt: skip
+    run, _ = run_playbook("playbooks/status.yml")
     assert run.returncode == 0, run.stdout[-3000:]
     rows = {
         line.split()[0]: line
