@@ -50,3 +50,8 @@ def recap(output: str) -> dict[str, dict[str, int]]:
 def changed_nothing(run: subprocess.CompletedProcess) -> bool:
     counts = recap(run.stdout)
     return bool(counts) and all(host["changed"] == 0 for host in counts.values())
+
+
+def api_key(lab) -> str:
+    """The key site.yml generated on the head (read over SSH, as a user would)."""
+    return lab.ssh("head", f"cat {STATE_DIR}/api_key").stdout.strip()

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from deployment_support import MODEL_DIR, STATE_DIR, changed_nothing, run_playbook, site
+from deployment_support import MODEL_DIR, STATE_DIR, api_key, changed_nothing, run_playbook, site
 from lab_support import FABRIC_ADDRESS, MGMT_ADDRESS, http_status
 from reference_config import reference_vllm_argv, reference_vllm_env
 
@@ -18,10 +18,6 @@ IMAGE_ENV = {"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "container"}
 def inspect(lab, node: str) -> dict:
     out = lab.ssh(node, f"docker inspect dsv41-r{RANKS[node]}").stdout
     return json.loads(out)[0]
-
-
-def api_key(lab) -> str:
-    return lab.ssh("head", f"cat {STATE_DIR}/api_key").stdout.strip()
 
 
 @pytest.mark.parametrize("node", ["head", "worker"])
