@@ -171,3 +171,33 @@ class Rank:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+API_KEY = "lab-test-key-0123456789abcdef"
+
+
+def start_cluster(
+    start_rank: Callable[..., Rank],
+    root: Path,
+    *,
+    nnodes: int = 2,
+    settings: dict[str, str] | None = None,
+    head_extra: tuple[str, ...] = (),
+    head_first: bool = False,
+    key: str | None = API_KEY,
+) -> list[Rank]:
+    """Start the reference command line on loopback; return [rank 0, rank 1, ...] (not yet waited)."""
+    files = make_node_files(root)
+    port, master_port = free_port(), free_port()
+    ranks: dict[int, Rank] = {}
+    order = list(range(nnodes)) if head_first else [*range(1, nnodes), 0]
+    for rank in order:
+        cache = {"cache": files["cache"] / f"node{rank}"}
+        env = node_env(files | cache, **(settings or {}))
+        if rank == 0 and key:
+            env["VLLM_API_KEY"] = key
+        argv = reference_vllm_argv(
+            rank, nnodes, port=port, master_port=master_port, model=str(files["model"]), extra=head_extra
+        )
+        ranks[rank] = start_rank(argv, env, port if rank == 0 else None)
+    return [ranks[i] for i in range(nnodes)]

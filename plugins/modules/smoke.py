@@ -1,0 +1,155 @@
+#!/usr/bin/python
+"""Ansible module: smoke-test an OpenAI-compatible endpoint (text, tool call, vision, reasoning, stream)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: smoke
+short_description: Prove that an OpenAI-compatible endpoint answers correctly
+version_added: 0.1.0
+author: sparkserve maintainers
+description:
+  - Asks the endpoint one question per check and judges the answer. C(text) - C(What is 17 * 23?)
+    must contain C(391). C(tool_call) - with a C(get_weather) tool offered, the model must call it
+    with a non-empty C(city). C(vision) - a generated PNG, left half red and right half blue; the
+    answer must name red before blue. C(reasoning) - the answer carries C(reasoning_content) (or
+    C(reasoning)). C(stream) - a streamed generation delivers several content chunks and ends with
+    C([DONE]), proving the server is ready to generate, not only up.
+  - Never sends an output-token cap; each reply ends where the model ends it.
+  - Returns a PASS/FAIL table with the evidence of each check, and fails when any check fails (or
+    the endpoint refuses a request, for instance a wrong key answered with HTTP 401).
+  - Changes nothing; C(changed) is always false. In check mode the checks run all the same,
+    because asking is what the module is for.
+options:
+  base_url:
+    description: The endpoint's base URL, ending in C(/v1) (appended when absent).
+    type: str
+    required: true
+  api_key:
+    description: Bearer key. Empty sends no C(Authorization) header.
+    type: str
+    default: ""
+  model:
+    description: The model name to ask for (vLLM's C(--served-model-name)).
+    type: str
+    default: deepseek-v4.1-flash
+  checks:
+    description: Which checks to run, in this order.
+    type: list
+    elements: str
+    choices: [text, tool_call, vision, reasoning, stream]
+    default: [text, tool_call, vision, reasoning, stream]
+  timeout:
+    description: Seconds each request may take.
+    type: int
+    default: 300
+attributes:
+  check_mode:
+    support: full
+    details: The checks only read from the endpoint; they run in check mode too.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Smoke-test the head's API
+  sparkserve.dsv41.smoke:
+    base_url: http://192.168.100.10:8000/v1
+    api_key: "{{ lookup('ansible.builtin.file', 'api_key') }}"
+
+- name: Only prove that the endpoint generates (readiness)
+  sparkserve.dsv41.smoke:
+    base_url: https://llm.example.net
+    api_key: "{{ vault_llm_key }}"
+    model: my-model
+    checks: [stream]
+"""
+
+RETURN = r"""
+results:
+  description: One entry per check, in the order they ran.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{name: text, passed: true, evidence: "'What is 17 * 23?' -> '17 * 23 = 391.'"}]
+table:
+  description: The results as a PASS/FAIL table, one line per check.
+  returned: always
+  type: str
+  sample: "check      result  evidence\ntext       PASS    'What is 17 * 23?' -> '17 * 23 = 391.'"
+failed_checks:
+  description: Names of the checks that failed.
+  returned: always
+  type: list
+  elements: str
+  sample: [vision]
+"""
+
+import json
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.urls import open_url
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._smoke import CHECKS, Reply, run_checks, table
+
+
+def http_client(base_url: str, api_key: str, timeout: int):
+    """The transport of the checks: POST JSON, read a JSON body or a stream's lines."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+
+    def post(path: str, payload: dict[str, Any], stream: bool) -> Reply:
+        try:
+            response = open_url(
+                base_url + path, method="POST", data=json.dumps(payload), headers=headers, timeout=timeout
+            )
+            if stream:
+                lines = tuple(raw.decode("utf-8", "replace").rstrip("\r\n") for raw in response)
+                return Reply(200, lines=lines)
+            return Reply(200, body=json.loads(response.read()))
+        except HTTPError as exc:
+            try:
+                body = json.loads(exc.read() or b"{}")
+            except ValueError:
+                body = {}
+            return Reply(exc.code, body=body if isinstance(body, dict) else {})
+        except (URLError, OSError, ValueError) as exc:
+            return Reply(0, error=f"{base_url + path}: {exc}")
+
+    return post
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "base_url": {"type": "str", "required": True},
+            "api_key": {"type": "str", "default": "", "no_log": True},
+            "model": {"type": "str", "default": "deepseek-v4.1-flash"},
+            "checks": {"type": "list", "elements": "str", "choices": list(CHECKS), "default": list(CHECKS)},
+            "timeout": {"type": "int", "default": 300},
+        },
+        supports_check_mode=True,
+    )
+    base_url = module.params["base_url"].rstrip("/")
+    if not base_url.startswith(("http://", "https://")):
+        module.fail_json(msg=f"base_url must be an http(s) URL, got {base_url!r}")
+    if not base_url.endswith("/v1"):
+        base_url += "/v1"
+    client = http_client(base_url, module.params["api_key"], module.params["timeout"])
+    results = run_checks(client, module.params["model"], module.params["checks"])
+    report = {
+        "changed": False,
+        "results": [r.as_dict() for r in results],
+        "table": table(results),
+        "failed_checks": [r.name for r in results if not r.passed],
+    }
+    if report["failed_checks"]:
+        module.fail_json(msg=f"smoke check(s) failed: {', '.join(report['failed_checks'])}", **report)
+    module.exit_json(**report)
+
+
+if __name__ == "__main__":
+    main()
