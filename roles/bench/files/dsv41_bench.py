@@ -42,13 +42,6 @@ REFERENCE = {
     "decode_code_c1": 40.0,
     "decode_code_c2_aggregate": 60.0,
 }
-LABELS = {
-    "prefill_8k": "prefill 8k (tok/s)",
-    "prefill_32k": "prefill 32k (tok/s)",
-    "decode_prose_c1": "decode prose, 1 stream",
-    "decode_code_c1": "decode code, 1 stream",
-    "decode_code_c2_aggregate": "decode code, 2 streams (aggregate)",
-}
 PROMPTS = {
     "prose": (
         "Write a long, vivid essay about the history of tea: where it was first grown, how it "
@@ -121,6 +114,20 @@ def random_token_ids(rng: random.Random, count: int) -> list[int]:
     return [rng.randrange(low, high) for _ in range(count)]
 
 
+def label(metric: str) -> str:
+    """prefill_8k -> 'prefill 8k'; decode_code_c2_aggregate -> 'decode code, 2 streams, aggregate'."""
+    parts = metric.split("_")
+    if parts[0] == "prefill" and len(parts) == 2:
+        return f"prefill {parts[1]}"
+    if parts[0] == "decode" and len(parts) in (3, 4) and parts[2].startswith("c"):
+        streams = parts[2][1:]
+        how = "aggregate" if len(parts) == 4 else ("per stream" if streams != "1" else "")
+        return f"decode {parts[1]}, {streams} stream{'s' if streams != '1' else ''}" + (
+            f", {how}" if how else ""
+        )
+    return metric
+
+
 def size_label(tokens: int) -> str:
     return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
 
@@ -146,15 +153,17 @@ def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Benchmark of `{meta['model']}` at `{meta['base_url']}` ({meta['date']}), medians of "
         f"{meta['repetitions']} repetitions.",
         "",
-        "| metric | measured tok/s | reference tok/s | measured / reference |",
+        "| tok/s | measured | reference | measured / reference |",
         "|---|---:|---:|---:|",
     ]
     for name, stats in summary.items():
         reference = REFERENCE.get(name)
         ratio = f"{stats['median'] / reference:.2f}" if reference else "-"
         shown = f"{reference:g}" if reference else "-"
-        lines.append(f"| {LABELS.get(name, name)} | {stats['median']:.1f} | {shown} | {ratio} |")
+        lines.append(f"| {label(name)} | {stats['median']:.1f} | {shown} | {ratio} |")
     lines += ["", "Reference: the original on two DGX Spark (GB10) nodes with the reference configuration."]
+    if meta.get("label"):
+        lines.append(f"Note: {meta['label']}")
     return "\n".join(lines) + "\n"
 
 
@@ -170,7 +179,10 @@ def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) 
         ("Decode", [n for n in summary if n.startswith("decode")]),
     ]
     groups = [(title, names) for title, names in groups if names]
-    figure, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    widths = [max(2, len(names)) for _, names in groups]
+    size = (2.2 * sum(widths) + 1, 5)
+    layout = {"figsize": size, "squeeze": False, "gridspec_kw": {"width_ratios": widths}}
+    figure, axes = plt.subplots(1, len(groups), **layout)
     for axis, (title, names) in zip(axes[0], groups, strict=True):
         positions = range(len(names))
         measured = [summary[n]["median"] for n in names]
@@ -180,12 +192,15 @@ def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) 
         for p, value in zip(positions, measured, strict=True):
             axis.annotate(f"{value:.0f}", (p - 0.2, value), ha="center", va="bottom", fontsize=8)
         axis.set_xticks(list(positions))
-        ticks = [LABELS.get(n, n).replace(" (tok/s)", "") for n in names]
-        axis.set_xticklabels(ticks, rotation=15, fontsize=8)
+        axis.set_xticklabels([label(n).replace(", ", "\n") for n in names], fontsize=8)
+        axis.set_ylim(0, max(measured + reference) * 1.3)  # headroom for the legend
         axis.set_ylabel("tokens / s")
         axis.set_title(title)
-        axis.legend(fontsize=8)
-    figure.suptitle(f"{meta['model']} at {meta['base_url']} ({meta['date']})", fontsize=9)
+        axis.legend(fontsize=8, loc="upper left")
+    title = f"{meta['model']} at {meta['base_url']} ({meta['date']})"
+    if meta.get("label"):
+        title += f"\n{meta['label']}"
+    figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

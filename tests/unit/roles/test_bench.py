@@ -80,8 +80,8 @@ def test_markdown_puts_each_metric_beside_its_reference():
     }
     meta = {"model": "m", "base_url": "http://h:8000/v1", "date": "d", "repetitions": 3}
     table = bench.markdown(summary, meta)
-    assert "| prefill 8k (tok/s) | 1025.0 | 2050 | 0.50 |" in table
-    assert "| decode code, 2 streams (aggregate) | 60.0 | 60 | 1.00 |" in table
+    assert "| prefill 8k | 1025.0 | 2050 | 0.50 |" in table
+    assert "| decode code, 2 streams, aggregate | 60.0 | 60 | 1.00 |" in table
     assert "| x | 1.0 | - | - |" in table
 
 
@@ -141,3 +141,17 @@ def test_wait_reports_the_last_progress_line(tmp_path):
     assert bench.wait(job, progress, 0) == {"finished": False, "line": "b", "lines": 2}
     job.write_text(json.dumps({"finished": 1, "rc": 0}))
     assert bench.wait(job, progress, 5)["finished"] is True
+
+
+@pytest.mark.parametrize(
+    ("metric", "text"),
+    [
+        ("prefill_8k", "prefill 8k"),
+        ("decode_prose_c1", "decode prose, 1 stream"),
+        ("decode_code_c2", "decode code, 2 streams, per stream"),
+        ("decode_code_c2_aggregate", "decode code, 2 streams, aggregate"),
+        ("something_else", "something_else"),
+    ],
+)
+def test_metric_labels(metric, text):
+    assert bench.label(metric) == text
