@@ -36,7 +36,8 @@ def results(start_rank: Callable[..., Rank], tmp_path_factory) -> tuple[dict, Pa
     key = out / "key"
     key.write_text(API_KEY)
     argv = ["run", "--base-url", f"http://127.0.0.1:{head.port}/v1", "--api-key-file", str(key),
-            "--out-dir", str(out), "--repetitions", "2", "--progress-file", str(out / "prog")]  # fmt: skip
+            "--out-dir", str(out), "--repetitions", "2", "--progress-file", str(out / "prog"),
+            "--long-context-tokens", "16384"]  # fmt: skip
     assert load().main(argv) == 0
     return json.loads((out / "bench.json").read_text()), out
 
@@ -46,6 +47,7 @@ def results(start_rank: Callable[..., Rank], tmp_path_factory) -> tuple[dict, Pa
     [
         ("prefill_8k", PREFILL),
         ("prefill_32k", PREFILL),
+        ("prefill_16k", PREFILL),
         ("decode_prose_c1", DECODE),
         ("decode_code_c1", DECODE),
         ("decode_prose_c2", DECODE),
