@@ -49,10 +49,14 @@ def ask_pi(lab, home: Path, prompt: str) -> tuple[subprocess.CompletedProcess, d
 
 
 def test_pi_yml_installs_pi_and_a_second_run_changes_nothing(pi_home):
+    checked = pi_playbook(pi_home, "--check")
+    assert "changed=0" not in checked.stdout, "check mode reports the install it would do"
+    assert list(pi_home.iterdir()) == [], "check mode writes nothing"
     first = pi_playbook(pi_home)
     assert "changed=0" not in first.stdout
     assert (pi_home / "prefix" / "pi" / "node_modules" / "@earendil-works" / "pi-coding-agent").is_dir()
     assert changed_nothing(pi_playbook(pi_home))
+    assert changed_nothing(pi_playbook(pi_home, "--check"))
 
 
 def test_pi_codes_against_the_lab_with_the_key_streaming_and_no_output_cap(lab, pi_home):
