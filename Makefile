@@ -50,4 +50,5 @@ lab-test: deps engine
 	pytest tests/lab
 
 molecule: deps engine
-	molecule test
+	molecule test --scenario-name default
+	molecule test --scenario-name three-nodes
