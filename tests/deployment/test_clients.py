@@ -80,7 +80,9 @@ def test_bench_measures_the_set_rates_within_3_percent(lab, tuned_engine, tmp_pa
     }  # fmt: skip
     measured = {metric: summary[metric]["median"] for metric in expected}
     assert measured == pytest.approx(expected, rel=0.03)
-    assert re.search(r"prefill_32k 2/2: [\d.]+ tok/s", run.stdout), "progress lines while it runs"
+    # One line per poll (the newest progress line at that moment), so which ones appear varies.
+    progress = set(re.findall(r"\d\d:\d\d:\d\d (?:prefill_\w+|decode \w+ x\d) \d/2: [^)\n]*", run.stdout))
+    assert len(progress) >= 3, f"progress lines while it runs: {progress}"
     assert "| decode code, 2 streams, aggregate |" in run.stdout, "the Markdown table is shown"
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert api_key(lab) not in run.stdout + run.stderr
