@@ -64,7 +64,8 @@ def reference_vllm_argv(
     model: str = "/model",
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """``vllm`` arguments (from ``serve`` on) of the reference deployment for one rank.
+    """The rank container's arguments (from ``/model`` on, after the image's ``vllm serve``
+    entrypoint) of the reference deployment for one rank.
 
     With N nodes: ``--tensor-parallel-size N --nnodes N``, draft tensor parallel size N and
     ``--node-rank i --headless`` on worker i; the head adds its API flags, then ``extra``.
@@ -85,7 +86,7 @@ def reference_vllm_argv(
     else:
         adds = REFERENCE_WORKER_ADDS.split()
         _set_value(adds, "--node-rank", str(rank))
-    return ["serve", *argv, *adds]
+    return [*argv, *adds]
 
 
 def reference_vllm_env(ifname: str, ip: str, hcas: str = "rocep1s0f1,roceP2p1s0f1") -> dict[str, str]:

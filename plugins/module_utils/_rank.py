@@ -73,6 +73,17 @@ def cudagraph_capture_sizes(num_speculative_tokens: int, max_num_seqs: int) -> l
     return sorted(sizes)
 
 
+def capture_sizes_from(sizes: list[Any]) -> list[int]:
+    """An explicit list of CUDA graph capture sizes, sorted and without repeats; each a positive integer."""
+    try:
+        parsed = {int(size) for size in sizes}
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"CUDA graph capture sizes must be positive integers, got {sizes!r}") from error
+    if not parsed or min(parsed) < 1:
+        raise ValueError(f"CUDA graph capture sizes must be positive integers, got {sizes!r}")
+    return sorted(parsed)
+
+
 def vllm_serve_args(
     *,
     node_rank: int,
@@ -87,14 +98,21 @@ def vllm_serve_args(
     max_num_batched_tokens: int = 2048,
     num_speculative_tokens: int = 7,
     cudagraph_mode: str = "FULL_DECODE_ONLY",
+    capture_sizes: list[int] | None = None,
     api_port: int = 8000,
     extra_args: list[str] | None = None,
     model: str = "/model",
 ) -> list[str]:
-    """Arguments after ``vllm serve`` for one rank, in the reference order."""
+    """The rank container's arguments (after the image's ``vllm serve`` entrypoint), in the reference order.
+
+    ``capture_sizes`` replaces the derived capture sizes (upstream ``CAPS``).
+    """
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node_rank {node_rank} is outside 0..{nnodes - 1}")
-    sizes = cudagraph_capture_sizes(num_speculative_tokens, max_num_seqs)
+    if capture_sizes:
+        sizes = capture_sizes_from(capture_sizes)
+    else:
+        sizes = cudagraph_capture_sizes(num_speculative_tokens, max_num_seqs)
     speculative = {
         "method": "dspark",
         "num_speculative_tokens": num_speculative_tokens,

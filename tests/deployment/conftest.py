@@ -6,6 +6,7 @@ and re-run the playbooks the way a user would.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,31 +29,64 @@ def lab() -> Lab:
 
 
 @pytest.fixture(scope="session")
-def installed_collection(tmp_path_factory) -> Path:
-    """A directory outside the checkout, with the collection built and installed as a user would:
-    playbooks run there by FQCN see neither this checkout's ansible.cfg nor its collections/ link."""
-    home = tmp_path_factory.mktemp("installed")
-    env = user_environment()
-    build = subprocess.run(
-        ["ansible-galaxy", "collection", "build", "--output-path", str(home), str(REPO)],
-        text=True, capture_output=True, check=True, env=env,
+def production_venv(tmp_path_factory) -> Path:
+    """A controller as the README's quick start makes it: a virtualenv from requirements.txt alone
+    (none of the development requirements), so a missing runtime dependency fails these tests."""
+    venv = tmp_path_factory.mktemp("controller") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    install = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "--requirement", str(REPO / "requirements.txt")],
+        text=True, capture_output=True, check=False,
     )  # fmt: skip
-    tarball = next(home.glob("sparkserve-dsv41-*.tar.gz"))
+    assert install.returncode == 0, install.stderr[-3000:]
+    return venv
+
+
+def production_environment(venv: Path, **extra: str) -> dict[str, str]:
+    """A user's shell with the production virtualenv first on PATH and nothing of this checkout's."""
+    env = user_environment(**extra)
+    env.pop("VIRTUAL_ENV", None)
+    path = [entry for entry in env.get("PATH", "").split(os.pathsep) if not entry.startswith(str(REPO))]
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), *path])
+    return env
+
+
+@pytest.fixture(scope="session")
+def collection_artifact(tmp_path_factory, production_venv) -> Path:
+    """The collection built as it is published (ansible-galaxy collection build)."""
+    out = tmp_path_factory.mktemp("artifact")
+    subprocess.run(
+        ["ansible-galaxy", "collection", "build", "--output-path", str(out), str(REPO)],
+        text=True, capture_output=True, check=True, env=production_environment(production_venv),
+    )  # fmt: skip
+    return next(out.glob("sparkserve-dsv41-*.tar.gz"))
+
+
+@pytest.fixture(scope="session")
+def installed_collection(tmp_path_factory, production_venv, collection_artifact) -> Path:
+    """A directory outside the checkout with the collection installed from its artifact, as a user
+    would: playbooks run there by FQCN see neither this checkout's ansible.cfg nor its collections/
+    link, and take the collections they use from the production virtualenv's `ansible` package."""
+    home = tmp_path_factory.mktemp("installed")
     collections = home / "collections"
     subprocess.run(
-        ["ansible-galaxy", "collection", "install", "--no-deps", "-p", str(collections), str(tarball)],
-        text=True, capture_output=True, check=True, env=env, cwd=home,
+        ["ansible-galaxy", "collection", "install", "--no-deps", "-p", str(collections),
+         str(collection_artifact)],
+        text=True, capture_output=True, check=True, env=production_environment(production_venv), cwd=home,
     )  # fmt: skip
-    assert (collections / "ansible_collections" / "sparkserve" / "dsv41" / "playbooks").is_dir(), build.stdout
+    assert (collections / "ansible_collections" / "sparkserve" / "dsv41" / "playbooks").is_dir()
     return home
 
 
 @pytest.fixture(scope="session")
-def fqcn(installed_collection):
-    """Run a playbook of the installed collection by its FQCN (sparkserve.dsv41.<name>)."""
+def fqcn(installed_collection, production_venv):
+    """Run a playbook of the installed collection by its FQCN (sparkserve.dsv41.<name>) with the
+    production virtualenv's ansible-playbook."""
 
     def run(name: str, *args: str):
-        env = user_environment(ANSIBLE_COLLECTIONS_PATH=str(installed_collection / "collections"))
+        env = production_environment(
+            production_venv, ANSIBLE_COLLECTIONS_PATH=str(installed_collection / "collections")
+        )
         return run_playbook(f"sparkserve.dsv41.{name}", *args, cwd=installed_collection, env=env)
 
     return run

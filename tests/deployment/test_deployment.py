@@ -21,10 +21,16 @@ def inspect(lab, node: str) -> dict:
 
 
 @pytest.mark.parametrize("node", ["head", "worker"])
-def test_rank_command_line_is_the_reference(lab, node):
+def test_rank_arguments_are_the_reference_after_the_images_own_entrypoint(lab, node):
     container = inspect(lab, node)
-    expected = ["vllm", *reference_vllm_argv(RANKS[node], 2, FABRIC_ADDRESS["head"])]
-    assert [*(container["Config"]["Entrypoint"] or []), *container["Config"]["Cmd"]] == expected
+    image = json.loads(lab.ssh(node, f"docker image inspect {container['Image']}").stdout)[0]
+    # The real image starts the server itself: the rank passes arguments from /model on, nothing else.
+    assert container["Config"]["Cmd"] == reference_vllm_argv(RANKS[node], 2, FABRIC_ADDRESS["head"])
+    assert image["Config"]["Entrypoint"], "the engine image must start the server by its ENTRYPOINT"
+    assert container["Config"]["Entrypoint"] == image["Config"]["Entrypoint"], "no entrypoint override"
+    # What Docker really started: the image's entrypoint, then the reference arguments.
+    started = [container["Path"], *container["Args"]]
+    assert started == [*image["Config"]["Entrypoint"], *container["Config"]["Cmd"]]
 
 
 @pytest.mark.parametrize("node", ["head", "worker"])

@@ -147,7 +147,7 @@ def _start_rank(lab, node: str, rank: int, api_key: str) -> None:
         f"docker rm -f dsv41-r{rank} >/dev/null 2>&1; docker run -d --name dsv41-r{rank} "
         f"--network host --ipc host --shm-size 32g --env-file ~/.dsv41-test/env {env_args} "
         f"-v {home}/models/test:/model:ro -v {home}/.dsv41-test/plans:/plans:ro "
-        f"-v {home}/.dsv41-test/cache:/cache:rw {lab.engine_image} vllm {argv}",
+        f"-v {home}/.dsv41-test/cache:/cache:rw {lab.engine_image} {argv}",
     )
 
 

@@ -31,7 +31,8 @@ def start_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
     def start(argv: list[str], env: dict[str, str], port: int | None = None) -> Rank:
         log = logs / f"rank-{len(started)}.log"
         with log.open("wb") as handle:
-            proc = subprocess.Popen([sys.executable, str(STANDIN), *argv], env=env, stderr=handle)
+            # As the image's entrypoint does: `vllm serve` before the container's arguments.
+            proc = subprocess.Popen([sys.executable, str(STANDIN), "serve", *argv], env=env, stderr=handle)
         rank = Rank(proc, log, env, port)
         started.append(rank)
         return rank

@@ -170,7 +170,7 @@ def test_reference_transcription_matches_spec() -> None:
 
 def test_reference_argv_scales_with_nodes() -> None:
     argv = reference_vllm_argv(2, nnodes=3, master_ip="198.18.0.13")
-    assert argv[:2] == ["serve", "/model"]
+    assert argv[0] == "/model"
     assert argv[argv.index("--tensor-parallel-size") + 1] == argv[argv.index("--nnodes") + 1] == "3"
     assert argv[argv.index("--master-addr") + 1] == "198.18.0.13"
     assert json.loads(argv[argv.index("--speculative-config") + 1])["draft_tensor_parallel_size"] == 3
@@ -212,7 +212,7 @@ def test_help_through_the_launcher_lists_every_reference_flag() -> None:
     ],
 )
 def test_usage_errors_exit_2(extra: list[str], message: str) -> None:
-    result = run_cli(*reference_vllm_argv(0), *extra)
+    result = run_cli("serve", *reference_vllm_argv(0), *extra)
     assert result.returncode == 2
     assert message in result.stderr
 
@@ -230,17 +230,17 @@ def test_inconsistent_command_lines_exit_1(edit: dict[str, str], message: str) -
     argv = reference_vllm_argv(0)
     for flag, value in edit.items():
         argv[argv.index(flag) + 1] = value
-    result = run_cli(*argv)
+    result = run_cli("serve", *argv)
     assert result.returncode == 1
     assert message in result.stderr
 
 
 def test_headless_rank_0_and_serving_worker_are_rejected() -> None:
-    head = run_cli(*reference_vllm_argv(0), "--headless")
+    head = run_cli("serve", *reference_vllm_argv(0), "--headless")
     assert head.returncode == 1 and "rank 0 must not be --headless" in head.stderr
     worker = reference_vllm_argv(1)
     worker.remove("--headless")
-    result = run_cli(*worker)
+    result = run_cli("serve", *worker)
     assert result.returncode == 1 and "requires --headless" in result.stderr
 
 
@@ -249,7 +249,7 @@ def test_draft_tensor_parallel_size_must_follow_the_nodes() -> None:
     argv[argv.index("--speculative-config") + 1] = argv[argv.index("--speculative-config") + 1].replace(
         '"draft_tensor_parallel_size":3', '"draft_tensor_parallel_size":2'
     )
-    result = run_cli(*argv)
+    result = run_cli("serve", *argv)
     assert result.returncode == 1 and "draft_tensor_parallel_size 2" in result.stderr
 
 
@@ -302,7 +302,7 @@ def test_environment_errors_name_the_variable(
 ) -> None:
     files = make_node_files(tmp_path)
     env = node_env(files, **breakage(files))
-    result = run_cli(*reference_vllm_argv(0, nnodes=1, model=str(files["model"])), env=env)
+    result = run_cli("serve", *reference_vllm_argv(0, nnodes=1, model=str(files["model"])), env=env)
     assert result.returncode == 1, result.stderr
     assert variable in result.stderr
 
@@ -613,3 +613,22 @@ def test_arithmetic(prompt: str, answer: str | None) -> None:
 )
 def test_city_extraction(prompt: str, city: str) -> None:
     assert standin.extract_city(prompt) == city
+
+
+@pytest.mark.parametrize(
+    ("faults", "prompt", "city"),
+    [
+        ("", "What's the weather in Hanoi right now?", "Hanoi"),
+        ("wrong_city", "What's the weather in Hanoi right now?", "Paris"),
+        ("wrong_city,no_reasoning", "How is the weather in Paris?", "London"),
+    ],
+)
+def test_wrong_city_calls_the_tool_for_a_city_not_asked_about(
+    faults: str, prompt: str, city: str, tmp_path: Path
+) -> None:
+    args = standin.build_parser().parse_args(["serve", *reference_vllm_argv(0)])
+    settings = standin.Settings.from_env({"STANDIN_FAULTS": faults}, tmp_path)
+    answer = standin.Planner(args, settings).chat(chat(prompt, tools=[WEATHER_TOOL], **NO_THINKING))
+    arguments = "".join(piece.text for piece in answer.pieces if piece.kind == "tool_args")
+    assert answer.tool_name == "get_weather" and answer.finish_reason == "tool_calls"
+    assert json.loads(arguments) == {"city": city}

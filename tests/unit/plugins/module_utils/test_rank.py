@@ -37,10 +37,7 @@ def test_capture_sizes_reject_nonsense(nspec, max_seqs):
 @pytest.mark.parametrize(("node_rank", "nnodes"), [(0, 2), (1, 2), (0, 3), (2, 3)])
 def test_args_equal_the_reference(node_rank, nnodes):
     expected = reference_vllm_argv(node_rank, nnodes, "198.18.0.13")
-    assert [
-        "serve",
-        *vllm_serve_args(node_rank=node_rank, nnodes=nnodes, master_addr="198.18.0.13"),
-    ] == expected
+    assert vllm_serve_args(node_rank=node_rank, nnodes=nnodes, master_addr="198.18.0.13") == expected
 
 
 def test_serving_settings_flow_into_the_args():
@@ -80,3 +77,26 @@ def test_env_takes_gid_plan_and_extra():
     assert env["ST_EXL3_PLAN"] == "/plans/p.json"
     assert env["STANDIN_DECODE_TOKENS_PER_S"] == "100"
     assert env["NCCL_DEBUG"] == "INFO", "extra wins over the reference"
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [([1, 2, 4, 8], [1, 2, 4, 8]), ([16, "8", 8, 1], [1, 8, 16]), ([32], [32])],
+)
+def test_capture_sizes_override_replaces_the_derived_ones(sizes, expected):
+    args = vllm_serve_args(node_rank=1, nnodes=2, master_addr="x", capture_sizes=sizes)
+    value = dict(itertools.pairwise(args))
+    assert json.loads(value["--compilation-config"])["cudagraph_capture_sizes"] == expected
+    assert value["--max-cudagraph-capture-size"] == str(expected[-1])
+
+
+@pytest.mark.parametrize("sizes", [[0, 8], [-1], ["x"], [None]])
+def test_capture_sizes_override_refuses_nonsense(sizes):
+    with pytest.raises(ValueError, match="positive integers"):
+        vllm_serve_args(node_rank=0, nnodes=2, master_addr="x", capture_sizes=sizes)
+
+
+def test_no_capture_sizes_override_keeps_the_reference():
+    assert vllm_serve_args(node_rank=0, nnodes=2, master_addr="x", capture_sizes=[]) == vllm_serve_args(
+        node_rank=0, nnodes=2, master_addr="x"
+    )
