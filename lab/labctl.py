@@ -570,6 +570,17 @@ def wait_for_systemd(node: str) -> None:
             raise LabError(f"{unit} is not active in {node}:\n{status}")
 
 
+def sysfs_fixture_argv(root: str, gid_index: int) -> list[str]:
+    """The command, run inside a node, that writes its STAND-IN RDMA sysfs tree under ``root``."""
+    devices = [f"{hca}={ifname}:ACTIVE" for _n, _s, _g, ifname, hca in FABRICS]
+    devices += [f"{hca}={ifname}:DOWN" for hca, ifname in UNCABLED]
+    argv = ["python3", "/opt/sparkserve-lab/make_rdma_sysfs.py", "--root", root]
+    argv += ["--gid-index", str(gid_index), "--link-class-net"]
+    for device in devices:
+        argv += ["--device", device]
+    return argv
+
+
 def configure_node(node: Node, public_key: str) -> None:
     """Give the node the Spark's interface names, the fixture sysfs tree and our SSH key."""
     renames = [(node.address(MGMT[2]), MGMT_IFNAME)]
@@ -589,20 +600,7 @@ def configure_node(node: Node, public_key: str) -> None:
 
     docker("exec", node.name, "mkdir", "-p", "/opt/sparkserve-lab")
     docker("cp", str(STANDINS / "sysfs" / "make_rdma_sysfs.py"), f"{node.name}:/opt/sparkserve-lab/")
-    devices = [f"{hca}={ifname}:ACTIVE" for _n, _s, _g, ifname, hca in FABRICS]
-    devices += [f"{hca}={ifname}:DOWN" for hca, ifname in UNCABLED]
-    argv = [
-        "python3",
-        "/opt/sparkserve-lab/make_rdma_sysfs.py",
-        "--root",
-        SYSFS_ROOT,
-        "--gid-index",
-        str(node.gid_index),
-        "--link-class-net",
-    ]
-    for device in devices:
-        argv += ["--device", device]
-    docker("exec", node.name, *argv)
+    docker("exec", node.name, *sysfs_fixture_argv(SYSFS_ROOT, node.gid_index))
 
     home = f"/home/{LAB_USER}"
     node_exec(

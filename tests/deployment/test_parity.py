@@ -1,0 +1,108 @@
+"""The original scripts' settings (SSH_OPTS, API_KEY_FILE, WAIT=0, CAPS, the GID index, a re-run
+that restarts), each reaching the deployment on the lab."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pytest
+from deployment_support import STATE_DIR, api_key, run_playbook, site
+from lab_support import MGMT_ADDRESS, http_status, labctl, wait_for
+
+RANKS = {"head": 0, "worker": 1}
+MODELS_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
+
+
+def inspect(lab, node: str) -> dict:
+    return json.loads(lab.ssh(node, f"docker inspect dsv41-r{RANKS[node]}").stdout)[0]
+
+
+def env_of(lab, node: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in inspect(lab, node)["Config"]["Env"])
+
+
+def sysfs_fixture(gid_indexes: dict[str, int]) -> str:
+    """A second STAND-IN sysfs tree on each node, whose RoCE v2 GID sits at the index given."""
+    root = "/opt/sparkserve-lab/sysfs-gid-" + "-".join(str(gid_indexes[node]) for node in RANKS)
+    for node, index in gid_indexes.items():
+        labctl.node_exec(node, f"rm -rf {root}; " + shlex.join(labctl.sysfs_fixture_argv(root, index)))
+    return root
+
+
+def test_nodes_that_disagree_on_the_gid_index_stop_preflight_naming_rank_gid_index():
+    root = sysfs_fixture({"head": 3, "worker": 5})
+    run, _ = site("--tags", "preflight", "-e", f"fabric_sysfs_root={root}")
+    assert run.returncode != 0
+    assert "the RoCE v2 GID index differs between nodes" in run.stdout
+    assert "rank_gid_index" in run.stdout and '"worker": 5' in run.stdout, run.stdout[-3000:]
+    pinned, _ = site("--tags", "preflight", "-e", f"fabric_sysfs_root={root}", "-e", "rank_gid_index=3")
+    assert pinned.returncode == 0, pinned.stdout[-3000:]
+
+
+def test_a_wrong_ssh_option_for_the_copy_reaches_ssh():
+    # Port 1 answers nothing: the copy fails, which proves the option reached ssh (SSH_OPTS).
+    run, _ = site("--tags", "checkpoint", "-e", '{"checkpoint_copy_ssh_options": ["-o", "Port=1"]}')
+    assert run.returncode != 0
+    assert "port 1" in run.stdout.lower(), run.stdout[-3000:]
+    ok, _ = site("--tags", "checkpoint", "-e", '{"checkpoint_copy_ssh_options": ["-o", "ConnectTimeout=9"]}')
+    assert ok.returncode == 0, ok.stdout[-3000:]
+
+
+def test_restart_yml_restarts_every_rank_worker_first_even_when_nothing_changed(lab):
+    before = {node: inspect(lab, node)["State"]["StartedAt"] for node in RANKS}
+    run, _ = run_playbook("playbooks/restart.yml", "--tags", "rank")
+    assert run.returncode == 0, run.stdout[-3000:]
+    after = {node: inspect(lab, node)["State"]["StartedAt"] for node in RANKS}
+    assert all(after[node] != before[node] for node in RANKS), (before, after)
+    assert after["worker"] < after["head"], "workers first, then the head"
+    assert http_status(MODELS_URL, {"Authorization": f"Bearer {api_key(lab)}"}) == 200
+
+
+def test_overrides_of_the_original_scripts_reach_the_ranks(lab):
+    """API_KEY_FILE, CAPS, WAIT=0 and a GID index that every node discovers alike, in one restart."""
+    key_file = "/home/spark/.config/dsv41/api_key"
+    old_key = api_key(lab)
+    root = sysfs_fixture({"head": 5, "worker": 5})
+    overrides = {
+        "fabric_sysfs_root": root,
+        "dsv41_api_key_file": "~/.config/dsv41/api_key",
+        "rank_cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24],
+        "rank_wait_for_api": False,
+        # A boot that takes a while, so that not waiting shows.
+        "rank_extra_env": {"STANDIN_BOOT_SECONDS": "25"},
+    }
+    try:
+        started = time.monotonic()
+        run, seconds = site("--tags", "rank", "-e", json.dumps(overrides))
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert "rank_wait_for_api is false" in run.stdout
+        new_key = lab.ssh("head", f"cat {key_file}").stdout.strip()
+        assert new_key and new_key != old_key and new_key not in run.stdout
+        assert http_status(MODELS_URL, {"Authorization": f"Bearer {new_key}"}) != 200, (
+            f"returned after {seconds:.0f} s without waiting for a boot of 25 s"
+        )
+        assert lab.ssh("head", f"stat -c '%a' {key_file}").stdout.strip() == "600"
+        for node in RANKS:
+            env = env_of(lab, node)
+            assert env["NCCL_IB_GID_INDEX"] == "5", f"{node}: the index discovery found"
+            args = inspect(lab, node)["Config"]["Cmd"]
+            compilation = json.loads(args[args.index("--compilation-config") + 1])
+            assert compilation["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 24]
+            assert args[args.index("--max-cudagraph-capture-size") + 1] == "24"
+        assert wait_for(lambda: http_status(MODELS_URL, {"Authorization": f"Bearer {new_key}"}) == 200, 90)
+        assert time.monotonic() - started >= 25
+        assert http_status(MODELS_URL, {"Authorization": f"Bearer {old_key}"}) == 401
+    finally:
+        restored, _ = site("--tags", "rank")
+        lab.ssh("head", f"rm -f {key_file}")
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    assert env_of(lab, "worker")["NCCL_IB_GID_INDEX"] == "3"
+    assert api_key(lab) == old_key, "the key in the state directory was kept"
+    assert http_status(MODELS_URL, {"Authorization": f"Bearer {old_key}"}) == 200
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _state_dir_is_there(lab):
+    assert lab.ssh("head", f"test -s {STATE_DIR}/api_key", check=False).returncode == 0
