@@ -1,5 +1,5 @@
 # The two commands a new user needs (see README.md):
-#   make lab    bring the lab up and run the main job (playbooks/site.yml) on it
+#   make lab    bring the lab up and run the main job (site.yml) on it
 #   make test   the whole test suite: linters, unit tests, lab acceptance, molecule
 # Both work from a fresh clone as root: they install what they need.
 
@@ -24,7 +24,7 @@ engine:
 	python3 lab/labctl.py engine
 
 lab: deps lab-up
-	ansible-playbook playbooks/site.yml -i inventory/lab
+	ansible-playbook site.yml -i inventory/lab
 
 lab-up:
 	python3 lab/labctl.py up
