@@ -13,6 +13,10 @@ The flow is plan first, act second:
 * :func:`check_free_space` refuses to start a rebuild the filesystem cannot hold;
 * :func:`apply_plan` runs :func:`execute_plan` (reading, hashing, writing, renaming,
   deleting) or, in check mode, only :func:`describe_plan`, and saves the state records.
+
+:func:`adopt_checkpoint` is the other entry point: it records the whole files of a directory
+prepared by another tool (upstream ``download.sh``) after hashing them, and changes nothing
+else (:func:`plan_adoption`, :func:`execute_adoption`, :func:`describe_adoption`).
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ class CheckpointError(Exception):
     """A problem the operator has to fix; the message says what and how."""
 
 
+class ManifestMissing(CheckpointError):
+    """The checksum manifest does not exist (yet): a fresh directory, for adoption."""
+
+
 # --------------------------------------------------------------------------- data types
 
 
@@ -99,7 +107,10 @@ class Record:
 
 @dataclass(frozen=True)
 class Action:
-    """One manifest entry's planned work. ``kind``: ``trust``, ``verify`` or ``rebuild``."""
+    """One manifest entry's planned work.
+
+    ``kind``: ``trust``, ``verify`` or ``rebuild``; adoption also ``skip`` (no whole file).
+    """
 
     name: str
     path: str
@@ -249,7 +260,7 @@ def read_manifest(model_dir: str, manifest: str = DEFAULT_MANIFEST) -> dict[str,
     except (OSError, FileContentError) as exc:
         raise CheckpointError(f"cannot read checksum manifest {path}: {exc}") from exc
     if text is None:
-        raise CheckpointError(
+        raise ManifestMissing(
             f"checksum manifest {path} not found; download the checkpoint (it ships {manifest}) first."
         )
     return parse_manifest(text, source=path)
@@ -376,6 +387,17 @@ def _parts_pattern(path: str) -> str:
     return f"{os.path.basename(path)}.partNN"
 
 
+def is_trusted(record: Record | None, item: Found, expected: str) -> bool:
+    """True when ``record`` vouches for the file as it is now: same size, mtime_ns and hash."""
+    return (
+        record is not None
+        and item.size is not None
+        and record.size == item.size
+        and record.mtime_ns == item.mtime_ns
+        and record.sha256 == expected
+    )
+
+
 def plan_actions(
     manifest: dict[str, str],
     found: dict[str, Found],
@@ -403,13 +425,7 @@ def plan_actions(
             "discard_temp_size": item.stale_temp_size,
         }
         if item.size is not None:
-            record = records.get(name)
-            trusted = (
-                record is not None
-                and record.size == item.size
-                and record.mtime_ns == item.mtime_ns
-                and record.sha256 == expected
-            )
+            trusted = is_trusted(records.get(name), item, expected)
             kind, size = ("trust", 0) if trusted else ("verify", item.size)
             actions.append(Action(name, item.path, expected, kind, size, **extra))
         elif not item.parts:
@@ -738,6 +754,18 @@ def _run_action(
     return entry, record, error
 
 
+def run_in_pool(actions: list[Action], workers: int, run: Callable[[Action], Any]) -> dict[str, Any]:
+    """``{name: run(action)}``, ``workers`` actions at a time.
+
+    Rebuilds start first and larger files before smaller ones, so the longest job does not
+    end up alone at the end. hashlib and file IO release the GIL, so the threads hash in
+    parallel. ``run`` must not raise for a single file's failure.
+    """
+    order = sorted(actions, key=lambda a: (a.kind != "rebuild", -a.size))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return dict(zip((a.name for a in order), pool.map(run, order), strict=True))
+
+
 def execute_plan(
     actions: list[Action],
     model_dir: str,
@@ -749,21 +777,13 @@ def execute_plan(
 ) -> Outcome:
     """Carry out the plan. Never raises for a single file's failure: see ``Outcome.errors``.
 
-    Rebuilds start first and larger files before smaller ones, so the longest job does not
-    end up alone at the end. Each file is one task in a thread pool: hashlib and file IO
-    release the GIL, so the workers hash in parallel. One file failing does not stop the
-    others, so the caller can persist every good record before it reports the failures.
+    Each file is one task of :func:`run_in_pool`. One file failing does not stop the others,
+    so the caller can persist every good record before it reports the failures.
     """
     progress = progress or Progress(None, 0)
-    order = sorted(actions, key=lambda a: (a.kind != "rebuild", -a.size))
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = dict(
-            zip(
-                (a.name for a in order),
-                pool.map(lambda a: _run_action(a, model_dir, records, progress, chunk_size), order),
-                strict=True,
-            )
-        )
+    results = run_in_pool(
+        actions, workers, lambda a: _run_action(a, model_dir, records, progress, chunk_size)
+    )
     files = [results[a.name][0] for a in actions]
     good = {a.name: results[a.name][1] for a in actions if results[a.name][1] is not None}
     errors = [results[a.name][2] for a in actions if results[a.name][2] is not None]
@@ -891,3 +911,166 @@ def apply_plan(
     )
     report["changed"] = bool(state_changed or touched)
     return report, errors
+
+
+# --------------------------------------------------------------------------- adoption
+
+_ADOPTION_KINDS = {"trust": "trusted", "verify": "would_adopt", "skip": "skipped"}
+
+
+def plan_adoption(
+    manifest: dict[str, str], found: dict[str, Found], records: dict[str, Record]
+) -> list[Action]:
+    """Decide what adopting a directory prepared by another tool needs; pure, never raises.
+
+    * a whole file whose record vouches for it -> ``trust``;
+    * any other whole file -> ``verify`` (hashed, and recorded only when it matches);
+    * no whole file (missing, or only its parts) -> ``skip``.
+
+    Nothing is rebuilt, deleted or discarded: parts, stale temporary files, missing entries and
+    mismatches are all left to the normal run.
+    """
+    actions: list[Action] = []
+    for name, expected in manifest.items():
+        item = found[name]
+        if item.size is None:
+            kind, size = "skip", 0
+        elif is_trusted(records.get(name), item, expected):
+            kind, size = "trust", 0
+        else:
+            kind, size = "verify", item.size
+        actions.append(Action(name, item.path, expected, kind, size, parts=item.parts))
+    return actions
+
+
+def describe_adoption(actions: list[Action], model_dir: str, records: dict[str, Record]) -> dict[str, Any]:
+    """The adoption report before anything is read: ``trusted``, ``skipped``, ``would_adopt``."""
+    files = []
+    for action in actions:
+        entry = _entry(action, model_dir, _ADOPTION_KINDS[action.kind])
+        if action.kind == "trust":
+            entry["size"], entry["sha256"] = records[action.name].size, action.expected
+        elif action.kind == "verify":
+            entry["size"] = action.size
+        files.append(entry)
+    trusted = {a.name: records[a.name] for a in actions if a.kind == "trust"}
+    return {**_summary(files, trusted), "adopted": [], "mismatched": []}
+
+
+def _adopt_one(
+    action: Action, model_dir: str, progress: Progress, chunk_size: int | None
+) -> tuple[dict[str, Any], Record | None, str | None, str | None]:
+    """Hash one whole file: ``(entry, record if it matches, actual sha256 if not, error)``."""
+    started = time.monotonic()
+    entry = _entry(action, model_dir, "adopted")
+    counters = Counters()
+    record = mismatch = error = None
+    try:
+        progress.update(phase="verifying", file=action.path)
+        actual = hash_file(action.path, counters, progress, chunk_size)
+        info = os.stat(action.path)
+        entry["size"] = info.st_size
+        if actual == action.expected:
+            record = Record(info.st_size, info.st_mtime_ns, actual)
+            entry["sha256"] = actual
+        else:
+            entry["action"], mismatch = "mismatched", actual
+    except OSError as exc:
+        entry["action"] = "failed"
+        error = f"{exc.filename or action.path}: {exc.strerror or exc}"
+    entry["bytes_read"] = counters.bytes_read
+    entry["seconds"] = round(time.monotonic() - started, 3)
+    return entry, record, mismatch, error
+
+
+def execute_adoption(
+    actions: list[Action],
+    model_dir: str,
+    records: dict[str, Record],
+    workers: int = 4,
+    *,
+    progress: Progress | None = None,
+    chunk_size: int | None = None,
+) -> Outcome:
+    """Hash the ``verify`` actions of an adoption plan in parallel; read nothing else.
+
+    ``Outcome.records`` holds the trusted and the newly adopted records; a mismatch is not an
+    error but an entry of ``report["mismatched"]`` (``{file, expected, actual}``).
+    """
+    progress = progress or Progress(None, 0)
+    to_read = [a for a in actions if a.kind == "verify"]
+    results = run_in_pool(to_read, workers, lambda a: _adopt_one(a, model_dir, progress, chunk_size))
+    files = describe_adoption(actions, model_dir, records)["files"]
+    good = {a.name: records[a.name] for a in actions if a.kind == "trust"}
+    adopted: list[str] = []
+    mismatched: list[dict[str, str]] = []
+    errors: list[str] = []
+    for index, action in enumerate(actions):
+        if action.name not in results:
+            continue
+        files[index], record, actual, error = results[action.name]
+        if record is not None:
+            good[action.name] = record
+            adopted.append(action.name)
+        if actual is not None:
+            mismatched.append({"file": action.name, "expected": action.expected, "actual": actual})
+        if error is not None:
+            errors.append(error)
+    progress.update(phase="failed" if errors else "done", force=True)
+    report = {**_summary(files, good), "adopted": adopted, "mismatched": mismatched}
+    return Outcome(report, good, errors)
+
+
+def adopt_checkpoint(
+    model_dir: str,
+    state_file: str,
+    manifest: str = DEFAULT_MANIFEST,
+    *,
+    check_mode: bool,
+    workers: int = 4,
+    progress_file: str | None = None,
+    chunk_size: int | None = None,
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Record the whole files of a checkpoint another tool prepared: ``(report, warnings, errors)``.
+
+    Only manifest entries present as whole files and not trusted yet are read; those that match
+    are added to the state records, the others are reported (``mismatched``, and a warning) and
+    their records dropped. Nothing else is written or deleted. Without a manifest (a fresh or
+    missing directory) nothing is adopted. ``report["changed"]``: the state file was (in check
+    mode: would be) written. Raises :class:`CheckpointError` for an unusable manifest.
+    """
+    try:
+        entries = read_manifest(model_dir, manifest)
+    except ManifestMissing:
+        report = describe_adoption([], model_dir, {})
+        report.update(changed=False, msg=f"no {manifest} in {model_dir} yet; nothing to adopt")
+        return report, [], []
+    found = scan_checkpoint(model_dir, entries)
+    records, warning = load_state(state_file, model_dir)
+    warnings = [warning] if warning else []
+    actions = plan_adoption(entries, found, records)
+    to_read = any(a.kind == "verify" for a in actions)
+    if check_mode or not to_read:
+        report = describe_adoption(actions, model_dir, records)
+        report["changed"] = to_read
+        return report, warnings, []
+    progress = Progress(progress_file, sum(a.size for a in actions))
+    outcome = execute_adoption(actions, model_dir, records, workers, progress=progress, chunk_size=chunk_size)
+    report, errors = outcome.report, list(outcome.errors)
+    by_name = {a.name: a for a in actions}
+    for mismatch in report["mismatched"]:
+        warnings.append(
+            f"{_mismatch_message(by_name[mismatch['file']], mismatch['actual'])} "
+            "It was not adopted and nothing was deleted; a run without adopt fails on it until then."
+        )
+    dropped = {m["file"] for m in report["mismatched"]}
+    updated = {name: rec for name, rec in records.items() if name not in dropped}
+    updated.update({name: outcome.records[name] for name in report["adopted"]})
+    changed = False
+    if updated != records:
+        try:
+            changed = save_state(state_file, updated, model_dir)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+    report["changed"] = changed
+    return report, warnings, errors

@@ -33,6 +33,9 @@ description:
     already rebuilt are kept.
   - Only files listed in the manifest are verified; the EXL3 banks are checked for layout and file
     count, not hashed.
+  - With O(adopt=true) the module only takes over a directory prepared by another tool (upstream
+    C(download.sh) rebuilds, verifies and deletes the parts itself but keeps no record of ours); see
+    O(adopt).
 options:
   model_dir:
     description:
@@ -93,7 +96,24 @@ options:
     description:
       - When set, fail unless C(exl3/) holds exactly this many files; pass the head's
         RV(exl3_file_count) when verifying a worker's copy. Requires O(verify_exl3=true).
+      - Mutually exclusive with O(adopt=true).
     type: int
+  adopt:
+    description:
+      - Adopt a directory prepared by another tool instead of rebuilding and verifying it. Every
+        manifest entry present as a whole file and not yet trusted by O(state_file) is hashed (in
+        parallel, with O(progress_file)), and recorded in O(state_file) when it matches. The download
+        then skips the parts of the recorded shards instead of fetching them again.
+      - Nothing is rebuilt, deleted or discarded, parts and stale temporary files included;
+        O(keep_parts), O(verify_exl3), O(exl3_banks) and O(exl3_plan) are ignored.
+      - Entries that are missing or exist only as parts are skipped, not an error. A whole file that
+        does not match the manifest is not recorded (an earlier record of it is dropped), listed in
+        RV(mismatched) and warned about, but does not fail the module; a run without O(adopt) fails
+        on it.
+      - When the manifest (or O(model_dir)) does not exist yet, nothing is adopted and nothing
+        changes. Only a file that cannot be read or a state file that cannot be written fails.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -112,6 +132,8 @@ notes:
     with data that is read once, and flush rebuilt shards while later parts are still being read.
     The rebuilt shard is fsynced before it is renamed into place.
   - Do not run two instances on the same O(model_dir) at the same time.
+  - With O(adopt=true), check mode reports C(would_adopt) for the files a real run would hash, and
+    RV(changed) is true when there is any.
 seealso:
   - name: sha256sum manual
     description: The manifest format.
@@ -133,6 +155,13 @@ EXAMPLES = r"""
   async: 14400
   poll: 0
   register: checkpoint_job
+
+- name: Record the shards of a directory prepared by download.sh, so that their parts are not downloaded again
+  sparkserve.dsv41.checkpoint_shards:
+    model_dir: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+    adopt: true
+    progress_file: /home/spark/.dsv41-two-sparks/checkpoint-progress.json
+  register: adopted_checkpoint
 
 - name: Verify a worker's copy against the head
   sparkserve.dsv41.checkpoint_shards:
@@ -156,6 +185,9 @@ files:
         - C(trusted) (unchanged since verified; not read), C(verified) (hashed, matches),
           C(rebuilt) (concatenated from its parts, matches), C(failed) (see the error message).
         - In check mode C(would_verify) or C(would_rebuild) instead of C(verified) and C(rebuilt).
+        - With O(adopt=true) C(trusted), C(adopted) (hashed, matches, recorded), C(mismatched) (hashed,
+          does not match, not recorded), C(skipped) (no whole file, only parts or nothing; left
+          alone) or C(failed); in check mode C(would_adopt) instead of C(adopted) and C(mismatched).
       type: str
       sample: rebuilt
     size:
@@ -233,6 +265,30 @@ exl3_bank_files:
   returned: always
   type: dict
   sample: {qn: 61, q31: 61, q31s: 61}
+adopted:
+  description: Manifest names hashed, found to match and recorded by this run; empty in check mode.
+  returned: when O(adopt=true)
+  type: list
+  elements: str
+  sample: [model-00001-of-00006.safetensors, model-00005-of-00006.safetensors]
+mismatched:
+  description: Whole files that do not match the manifest and were not recorded (nor deleted).
+  returned: when O(adopt=true)
+  type: list
+  elements: dict
+  contains:
+    file:
+      description: The manifest name, relative to O(model_dir).
+      type: str
+      sample: model-00002-of-00006.safetensors
+    expected:
+      description: The sha256 the manifest lists.
+      type: str
+      sample: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae
+    actual:
+      description: The sha256 of the file.
+      type: str
+      sample: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
 state_file:
   description: Path of the state file with the verification records.
   returned: always
@@ -249,6 +305,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint impor
     DEFAULT_EXL3_PLAN,
     DEFAULT_MANIFEST,
     CheckpointError,
+    adopt_checkpoint,
     apply_plan,
     check_exl3,
     check_free_space,
@@ -258,6 +315,33 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint impor
     read_manifest,
     scan_checkpoint,
 )
+
+
+def adopt(module: AnsibleModule, model_dir: str, state_file: str, result: dict, started: float) -> None:
+    """The O(adopt=true) run: record what another tool verified; exits the module."""
+    params = module.params
+    if os.path.lexists(model_dir) and not os.path.isdir(model_dir):
+        module.fail_json(msg=f"model_dir {model_dir} is not a directory", **result)
+    try:
+        report, warnings, errors = adopt_checkpoint(
+            model_dir,
+            state_file,
+            params["manifest"],
+            check_mode=module.check_mode,
+            workers=params["workers"],
+            progress_file=params["progress_file"],
+        )
+    except CheckpointError as exc:
+        module.fail_json(msg=str(exc), **result)
+    except OSError as exc:
+        module.fail_json(msg=f"cannot inspect {exc.filename or model_dir}: {exc.strerror or exc}", **result)
+    for warning in warnings:
+        module.warn(warning)
+    result.update(report)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    if errors:
+        module.fail_json(msg=" ".join(errors), **result)
+    module.exit_json(**result)
 
 
 def main() -> None:
@@ -273,6 +357,7 @@ def main() -> None:
             "exl3_banks": {"type": "list", "elements": "str", "default": list(DEFAULT_EXL3_BANKS)},
             "exl3_plan": {"type": "str", "default": DEFAULT_EXL3_PLAN},
             "expect_exl3_file_count": {"type": "int"},
+            "adopt": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -294,8 +379,14 @@ def main() -> None:
     }
     if params["workers"] < 1:
         module.fail_json(msg=f"workers must be at least 1, got {params['workers']}", **result)
+    if params["adopt"] and params["expect_exl3_file_count"] is not None:
+        module.fail_json(
+            msg="expect_exl3_file_count cannot be used with adopt=true, which checks no EXL3", **result
+        )
     if params["expect_exl3_file_count"] is not None and not params["verify_exl3"]:
         module.fail_json(msg="expect_exl3_file_count needs verify_exl3=true", **result)
+    if params["adopt"]:
+        adopt(module, model_dir, state_file, result, started)
     if not os.path.isdir(model_dir):
         module.fail_json(
             msg=f"model_dir {model_dir} is not a directory; download the checkpoint first.", **result

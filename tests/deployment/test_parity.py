@@ -8,8 +8,8 @@ import shlex
 import time
 
 import pytest
-from deployment_support import STATE_DIR, api_key, run_playbook, site
-from lab_support import MGMT_ADDRESS, http_status, labctl, wait_for
+from deployment_support import MODEL_DIR, STATE_DIR, api_key, recap, run_playbook, site
+from lab_support import MGMT_ADDRESS, STATE, http_status, labctl, wait_for
 
 RANKS = {"head": 0, "worker": 1}
 MODELS_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
@@ -101,6 +101,37 @@ def test_overrides_of_the_original_scripts_reach_the_ranks(lab):
     assert env_of(lab, "worker")["NCCL_IB_GID_INDEX"] == "3"
     assert api_key(lab) == old_key, "the key in the state directory was kept"
     assert http_status(MODELS_URL, {"Authorization": f"Bearer {old_key}"}) == 200
+
+
+def hub_requests_since(offset: int) -> list[str]:
+    with (STATE / "hub-access.log").open(encoding="utf-8") as log:
+        log.seek(offset)
+        return [json.loads(line)["path"] for line in log if line.strip()]
+
+
+def test_a_model_directory_prepared_by_download_sh_is_adopted_without_downloading_parts(lab):
+    # download.sh leaves the rebuilt, verified shards, no parts, hf's own .cache/huggingface
+    # metadata and no record of ours: remove our record, keep the rest.
+    listing = lab.ssh("head", f"ls -a {MODEL_DIR}").stdout.split()
+    assert not [name for name in listing if ".part" in name], listing
+    lab.ssh("head", f"rm -rf {MODEL_DIR}/.cache/sparkserve")
+    offset = (STATE / "hub-access.log").stat().st_size
+
+    run, _ = site("--tags", "checkpoint")
+    assert run.returncode == 0, run.stdout[-3000:]
+    requested = hub_requests_since(offset)
+    assert requested, "the download still asks the hub what the revision holds"
+    assert not [path for path in requested if ".part" in path], requested
+    assert "6 shards in place match the manifest and are recorded" in run.stdout, run.stdout[-3000:]
+    assert "verification of the shards already in place" in run.stdout, "progress is shown"
+    record = json.loads(lab.ssh("head", f"cat {MODEL_DIR}/.cache/sparkserve/verified.json").stdout)
+    assert len([name for name in record["files"] if name.endswith(".safetensors")]) == 6
+
+    again, _ = site("--tags", "checkpoint")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert recap(again.stdout)["head"]["changed"] == 0, again.stdout[-3000:]
+    assert "shards in place match the manifest" not in again.stdout, "the record is trusted: nothing read"
+    assert "0.00 Bytes read" in again.stdout
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import random
 import re
 import shutil
+import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -498,3 +501,234 @@ def test_exl3_custom_banks_and_plan(tmp_path):
     (model / "exl3/plan" / PLAN).rename(model / "exl3/plan/other.json")
     result = ck.check_exl3(str(model), banks=["qn"], plan_name="other.json")
     assert result["bank_files"] == {"qn": 3}
+
+
+# --------------------------------------------------------------------------- adoption
+
+DOWNLOAD_PROGRAM = (
+    Path(__file__).resolve().parents[4] / "roles" / "checkpoint" / "files" / "dsv41_download.py"
+)
+
+
+def load_download_program():
+    """The role's download program, imported from its path as tests/unit/roles does."""
+    if "dsv41_download" in sys.modules:
+        return sys.modules["dsv41_download"]
+    spec = importlib.util.spec_from_file_location("dsv41_download", DOWNLOAD_PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dsv41_download"] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def adopt(model: Path, check_mode: bool = False, **kwargs):
+    """The module's adoption run without Ansible: ``(report, warnings, errors)``."""
+    state_file = kwargs.pop("state_file", ck.default_state_file(str(model)))
+    return ck.adopt_checkpoint(str(model), state_file, check_mode=check_mode, **kwargs)
+
+
+def state_files(model: Path) -> dict[str, dict]:
+    return json.loads((model / ".cache/sparkserve/verified.json").read_text())["files"]
+
+
+def test_adopt_download_sh_directory_then_nothing_to_read(tmp_path, small_chunks, monkeypatch):
+    # download.sh leaves six rebuilt, verified shards, no parts and no record of ours.
+    model, data = build_checkpoint(tmp_path, parts={})
+    progress = tmp_path / "progress.json"
+    report, warnings, errors = adopt(model, workers=3, progress_file=str(progress))
+    assert (errors, warnings) == ([], [])
+    assert report["changed"] is True
+    assert report["adopted"] == SHARDS
+    assert report["mismatched"] == []
+    assert set(actions_by_file(report).values()) == {"adopted"}
+    assert report["bytes_read"] == sum(len(b) for b in data.values())
+    assert report["bytes_written"] == 0
+    assert report["shards"] == {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
+    recorded = state_files(model)
+    assert {name: entry["sha256"] for name, entry in recorded.items()} == report["shards"]
+    assert recorded[SHARDS[4]]["size"] == len(data[SHARDS[4]])
+    document = json.loads(progress.read_text())
+    assert document["phase"] == "done"
+    assert document["bytes_done"] == document["bytes_total"] == report["bytes_read"]
+
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(ck, "_open_read", _no_reads)
+    again, warnings, errors = adopt(model, progress_file=str(progress))
+    assert (errors, warnings) == ([], [])
+    assert again["changed"] is False
+    assert again["bytes_read"] == 0
+    assert again["adopted"] == []
+    assert set(actions_by_file(again).values()) == {"trusted"}
+    assert snapshot(tmp_path) == before
+    # And the normal run trusts the adopted records: it reads nothing either.
+    normal, errors = run(model)
+    assert errors == []
+    assert normal["changed"] is False
+    assert normal["bytes_read"] == 0
+
+
+def test_adopted_shards_keep_the_download_from_fetching_their_parts(tmp_path):
+    model, _data = build_checkpoint(tmp_path, parts={})
+    dl = load_download_program()
+    assert dl.ignore_patterns(str(model)) == []
+    adopt(model)
+    assert dl.verified_shards(str(model)) == SHARDS
+    patterns = dl.ignore_patterns(str(model))
+    for number in (5, 6):
+        part = f"{SHARDS[number - 1]}.part00"
+        assert any(fnmatch(part, pattern) for pattern in patterns), (part, patterns)
+    assert not any(fnmatch("config.json", pattern) for pattern in patterns)
+
+
+@pytest.mark.parametrize("keep_parts_of_6", [False, True])
+def test_adopt_skips_a_shard_that_exists_only_as_parts(tmp_path, keep_parts_of_6):
+    # Shard 5 was never rebuilt (download.sh interrupted); shard 6 was, maybe with KEEP_PARTS=1.
+    model, data = build_checkpoint(tmp_path, parts={5: 3, 6: 4})
+    (model / SHARDS[5]).write_bytes(data[SHARDS[5]])
+    if not keep_parts_of_6:
+        for part in model.glob(f"{SHARDS[5]}.part*"):
+            part.unlink()
+    parts_before = {p.name: p.read_bytes() for p in model.glob("*.part*")}
+    report, warnings, errors = adopt(model)
+    assert (errors, warnings) == ([], [])
+    actions = actions_by_file(report)
+    assert actions[SHARDS[4]] == "skipped"
+    assert {actions[name] for name in SHARDS if name != SHARDS[4]} == {"adopted"}
+    entry = next(e for e in report["files"] if e["file"] == SHARDS[4])
+    assert entry["parts"] == [f"{SHARDS[4]}.part{i:02d}" for i in range(3)]
+    assert entry["bytes_read"] == 0
+    assert report["bytes_read"] == sum(len(data[name]) for name in SHARDS if name != SHARDS[4])
+    assert report["parts_deleted"] == []
+    assert {p.name: p.read_bytes() for p in model.glob("*.part*")} == parts_before
+    assert not (model / SHARDS[4]).exists()
+    assert set(state_files(model)) == set(SHARDS) - {SHARDS[4]}
+    # The normal run then rebuilds shard 5 only and reads nothing else.
+    normal, errors = run(model)
+    assert errors == []
+    assert actions_by_file(normal)[SHARDS[4]] == "rebuilt"
+    assert normal["bytes_read"] == len(data[SHARDS[4]])
+
+
+@pytest.mark.parametrize("corrupt", [1, 5])
+def test_adopt_reports_a_mismatch_and_deletes_nothing(tmp_path, corrupt):
+    model, data = build_checkpoint(tmp_path, parts={6: 2})
+    (model / SHARDS[5]).write_bytes(data[SHARDS[5]])  # rebuilt, parts kept
+    name = SHARDS[corrupt]
+    (model / name).write_bytes(b"garbage")
+    before = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
+    report, warnings, errors = adopt(model)
+    assert errors == []
+    expected = hashlib.sha256(data[name]).hexdigest()
+    actual = hashlib.sha256(b"garbage").hexdigest()
+    assert report["mismatched"] == [{"file": name, "expected": expected, "actual": actual}]
+    assert actions_by_file(report)[name] == "mismatched"
+    assert report["adopted"] == [n for n in SHARDS if n != name]
+    assert len(warnings) == 1
+    assert f"expected sha256 {expected}, got {actual}" in warnings[0]
+    assert "not adopted and nothing was deleted" in warnings[0]
+    advice = "rebuilds it from its parts" if corrupt == 5 else "re-download it"
+    assert advice in warnings[0]
+    assert name not in state_files(model)
+    assert report["changed"] is True
+    assert {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()} == before
+    # Still reported (and read again) on the next adoption; the normal run fails on it.
+    again, warnings, _ = adopt(model)
+    assert again["changed"] is False
+    assert again["bytes_read"] == len(b"garbage")
+    assert len(warnings) == 1
+    _normal, errors = run(model)
+    assert len(errors) == 1 and name in errors[0]
+
+
+def test_adopt_drops_the_record_of_a_file_that_no_longer_matches(tmp_path):
+    model, _data = build_checkpoint(tmp_path, parts={})
+    adopt(model)
+    manifest = model / "sha256-manifest.txt"
+    lines = manifest.read_text().splitlines()
+    lines[2] = "0" * 64 + lines[2][64:]  # a new revision of shard 3
+    manifest.write_text("\n".join(lines) + "\n")
+    report, warnings, errors = adopt(model)
+    assert errors == []
+    assert len(warnings) == 1
+    assert report["changed"] is True
+    assert report["adopted"] == []
+    assert [m["file"] for m in report["mismatched"]] == [SHARDS[2]]
+    assert set(state_files(model)) == set(SHARDS) - {SHARDS[2]}
+    assert SHARDS[2] not in load_download_program().verified_shards(str(model))
+
+
+@pytest.mark.parametrize("missing", ["manifest", "model_dir"])
+def test_adopt_fresh_directory_adopts_nothing(tmp_path, missing):
+    if missing == "manifest":
+        model, _data = build_checkpoint(tmp_path, parts={})
+        (model / "sha256-manifest.txt").unlink()
+    else:
+        model = tmp_path / "absent"
+    before = snapshot(tmp_path)
+    report, warnings, errors = adopt(model)
+    assert (errors, warnings) == ([], [])
+    assert report["changed"] is False
+    assert report["files"] == report["adopted"] == report["mismatched"] == []
+    assert "nothing to adopt" in report["msg"]
+    assert snapshot(tmp_path) == before
+
+
+def test_adopt_malformed_manifest_still_fails(tmp_path):
+    model, _data = build_checkpoint(tmp_path, parts={})
+    (model / "sha256-manifest.txt").write_text("not a checksum line\n")
+    with pytest.raises(ck.CheckpointError, match="line 1 is malformed"):
+        adopt(model)
+
+
+def test_adopt_ignores_exl3_and_stale_temporary_files(tmp_path):
+    model, _data = build_checkpoint(tmp_path, parts={})
+    shutil.rmtree(model / "exl3")
+    stale = model / f".{SHARDS[4]}{ck.TEMP_SUFFIX}"
+    stale.write_bytes(b"half a shard")
+    report, _warnings, errors = adopt(model)
+    assert errors == []
+    assert report["adopted"] == SHARDS
+    assert stale.read_bytes() == b"half a shard"
+    assert not any(entry["temp_discarded"] for entry in report["files"])
+
+
+@pytest.mark.parametrize("recorded", [0, 3, 6])
+def test_adopt_check_mode_reads_and_writes_nothing(tmp_path, monkeypatch, recorded):
+    model, _data = build_checkpoint(tmp_path, parts={6: 2})
+    adopt(model)  # shards 1-5 recorded, shard 6 only as parts
+    if recorded < 6:
+        document = json.loads((model / ".cache/sparkserve/verified.json").read_text())
+        document["files"] = dict(sorted(document["files"].items())[:recorded])
+        (model / ".cache/sparkserve/verified.json").write_text(json.dumps(document))
+    progress = tmp_path / "progress.json"
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(ck, "_open_read", _no_reads)
+    report, _warnings, errors = adopt(model, check_mode=True, progress_file=str(progress))
+    assert errors == []
+    assert snapshot(tmp_path) == before
+    assert report["bytes_read"] == 0
+    assert report["adopted"] == []
+    actions = actions_by_file(report)
+    assert actions[SHARDS[5]] == "skipped"
+    expected = {
+        name: ("trusted" if index < recorded else "would_adopt") for index, name in enumerate(SHARDS[:5])
+    }
+    assert {name: actions[name] for name in SHARDS[:5]} == expected
+    assert report["changed"] is (recorded < 5)
+
+
+def test_adopt_unreadable_file_is_an_error_but_the_rest_is_recorded(tmp_path, monkeypatch):
+    model, _data = build_checkpoint(tmp_path, parts={})
+    real_open = ck._open_read
+
+    def flaky(path):
+        if path.endswith(SHARDS[3]):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path)
+
+    monkeypatch.setattr(ck, "_open_read", flaky)
+    report, _warnings, errors = adopt(model)
+    assert errors == [f"{model / SHARDS[3]}: Permission denied"]
+    assert actions_by_file(report)[SHARDS[3]] == "failed"
+    assert set(state_files(model)) == set(SHARDS) - {SHARDS[3]}

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.testing import patch_module_args
 
 
@@ -26,6 +27,8 @@ def run_module(capsys):
         full_args["_ansible_check_mode"] = check_mode
         full_args["_ansible_diff"] = diff
         capsys.readouterr()
+        # A real module run starts with no warnings; ansible-core keeps them process-wide.
+        ansible_warnings._global_warnings.clear()
         with patch_module_args(full_args), pytest.raises(SystemExit):
             module.main()
         out = capsys.readouterr().out

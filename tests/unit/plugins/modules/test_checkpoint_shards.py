@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import random
+import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _checkpoint as ck
 from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_shards
+from dir_snapshot import snapshot as full_snapshot
 
 SHARDS = [f"model-{n:05d}-of-00006.safetensors" for n in range(1, 7)]
 
@@ -152,10 +157,13 @@ def test_exl3_checks_can_be_skipped(tmp_path, run_module):
         ({"workers": 0}, "workers must be at least 1"),
         ({"verify_exl3": False, "expect_exl3_file_count": 3}, "needs verify_exl3=true"),
         ({"manifest": "nope.txt"}, "nope.txt not found"),
+        ({"adopt": True, "expect_exl3_file_count": 7}, "cannot be used with adopt=true"),
+        ({"adopt": True, "manifest": "bad.txt"}, "bad.txt line 1 is malformed"),
     ],
 )
 def test_bad_arguments(tmp_path, run_module, args, fragment):
     model, _data = build_checkpoint(tmp_path, split=())
+    (model / "bad.txt").write_text("not a checksum line\n")
     result = run_module(checkpoint_shards, {"model_dir": str(model), **args})
     assert result.failed
     assert fragment in result["msg"]
@@ -183,3 +191,158 @@ def test_state_and_progress_files(tmp_path, run_module):
     assert set(document) == {"phase", "file", "bytes_done", "bytes_total", "started", "updated"}
     assert document["phase"] == "done"
     assert document["bytes_done"] == sum(len(b) for b in data.values())
+
+
+# --------------------------------------------------------------------------- adopt
+
+
+def download_program():
+    """The role's download program, imported from its path as tests/unit/roles does."""
+    if "dsv41_download" not in sys.modules:
+        path = Path(__file__).resolve().parents[4] / "roles/checkpoint/files/dsv41_download.py"
+        spec = importlib.util.spec_from_file_location("dsv41_download", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["dsv41_download"] = module  # dataclasses resolve annotations through sys.modules
+        spec.loader.exec_module(module)
+    return sys.modules["dsv41_download"]
+
+
+def sizes(data: dict, names) -> int:
+    return sum(len(data[name]) for name in names)
+
+
+def test_adopt_a_download_sh_directory(tmp_path, run_module, monkeypatch):
+    # Six rebuilt, verified shards, no parts, the manifest, no record of ours.
+    model, data = build_checkpoint(tmp_path, split=())
+    args = {"model_dir": str(model), "adopt": True, "progress_file": str(tmp_path / "progress.json")}
+    first = run_module(checkpoint_shards, args)
+    assert not first.failed, first
+    assert first["changed"] is True
+    assert first["adopted"] == SHARDS
+    assert first["mismatched"] == []
+    assert [f["action"] for f in first["files"]] == ["adopted"] * 6
+    assert first["bytes_read"] == sizes(data, SHARDS)
+    assert first["bytes_written"] == 0
+    assert first["shards"] == {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
+    assert first["exl3_file_count"] is None
+    assert set(json.loads((model / ".cache/sparkserve/verified.json").read_text())["files"]) == set(SHARDS)
+    assert json.loads((tmp_path / "progress.json").read_text())["phase"] == "done"
+
+    monkeypatch.setattr(ck, "_open_read", lambda path: pytest.fail(f"{path} read on the second run"))
+    second = run_module(checkpoint_shards, args)
+    assert not second.failed, second
+    assert second["changed"] is False
+    assert second["bytes_read"] == 0
+    assert [f["action"] for f in second["files"]] == ["trusted"] * 6
+
+    # The download now skips the parts of every adopted shard instead of fetching ~197 GB again.
+    dl = download_program()
+    assert dl.verified_shards(str(model)) == SHARDS
+    patterns = dl.ignore_patterns(str(model))
+    for name in SHARDS[4:]:
+        assert any(fnmatch(f"{name}.part00", pattern) for pattern in patterns), patterns
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_adopt_leaves_a_shard_that_exists_only_as_parts(tmp_path, run_module, workers):
+    model, data = build_checkpoint(tmp_path, split=(5,))
+    parts_before = full_snapshot(model)
+    result = run_module(checkpoint_shards, {"model_dir": str(model), "adopt": True, "workers": workers})
+    assert not result.failed, result
+    assert result["changed"] is True
+    actions = {f["file"]: f["action"] for f in result["files"]}
+    assert actions == {name: ("skipped" if name == SHARDS[4] else "adopted") for name in SHARDS}
+    assert result["adopted"] == [name for name in SHARDS if name != SHARDS[4]]
+    assert result["bytes_read"] == sizes(data, result["adopted"])
+    assert result["parts_deleted"] == []
+    assert len(list(model.glob(f"{SHARDS[4]}.part*"))) == 11
+    assert not (model / SHARDS[4]).exists()
+    after = full_snapshot(model)
+    assert {k: v for k, v in after.items() if not k.startswith(".cache")} == parts_before
+    # Shard 5's parts are not ignored by the download: they are all there is of it.
+    assert SHARDS[4] not in download_program().verified_shards(str(model))
+
+
+def test_adopt_reports_a_corrupted_shard_without_failing(tmp_path, run_module):
+    model, data = build_checkpoint(tmp_path, split=())
+    (model / SHARDS[2]).write_bytes(b"not the shard")
+    before = full_snapshot(model)
+    result = run_module(checkpoint_shards, {"model_dir": str(model), "adopt": True})
+    assert not result.failed, result
+    expected = hashlib.sha256(data[SHARDS[2]]).hexdigest()
+    actual = hashlib.sha256(b"not the shard").hexdigest()
+    assert result["mismatched"] == [{"file": SHARDS[2], "expected": expected, "actual": actual}]
+    assert next(f for f in result["files"] if f["file"] == SHARDS[2])["action"] == "mismatched"
+    assert SHARDS[2] not in result["adopted"]
+    assert SHARDS[2] not in result["shards"]
+    messages = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
+    assert any(f"expected sha256 {expected}, got {actual}" in m and "not adopted" in m for m in messages), (
+        messages
+    )
+    recorded = json.loads((model / ".cache/sparkserve/verified.json").read_text())["files"]
+    assert set(recorded) == set(SHARDS) - {SHARDS[2]}
+    after = full_snapshot(model)
+    assert {k: v for k, v in after.items() if not k.startswith(".cache")} == before
+    # The normal run is the one that fails on it.
+    normal = run_module(checkpoint_shards, {"model_dir": str(model)})
+    assert normal.failed
+    assert SHARDS[2] in normal["msg"]
+
+
+@pytest.mark.parametrize("missing", ["manifest", "model_dir"])
+def test_adopt_fresh_directory(tmp_path, run_module, missing):
+    model, _data = build_checkpoint(tmp_path, split=())
+    if missing == "manifest":
+        (model / "sha256-manifest.txt").unlink()
+    else:
+        model = tmp_path / "not-yet-downloaded"
+    before = full_snapshot(tmp_path)
+    result = run_module(checkpoint_shards, {"model_dir": str(model), "adopt": True})
+    assert not result.failed, result
+    assert result["changed"] is False
+    assert result["files"] == result["adopted"] == []
+    assert result["bytes_read"] == 0
+    assert full_snapshot(tmp_path) == before
+
+
+def test_adopt_ignores_the_exl3_layout(tmp_path, run_module):
+    model, _data = build_checkpoint(tmp_path, split=())
+    (model / "exl3" / "plan" / "J268-ho-v31-K5n.json").unlink()
+    result = run_module(checkpoint_shards, {"model_dir": str(model), "adopt": True, "verify_exl3": True})
+    assert not result.failed, result
+    assert result["adopted"] == SHARDS
+
+
+def test_adopt_check_mode_reads_and_writes_nothing(tmp_path, run_module, monkeypatch):
+    model, _data = build_checkpoint(tmp_path, split=(6,))
+    before = full_snapshot(tmp_path)
+    monkeypatch.setattr(ck, "_open_read", lambda path: pytest.fail(f"{path} read in check mode"))
+    args = {"model_dir": str(model), "adopt": True, "progress_file": str(tmp_path / "progress.json")}
+    result = run_module(checkpoint_shards, args, check_mode=True)
+    assert not result.failed, result
+    assert result["changed"] is True
+    assert [f["action"] for f in result["files"]] == ["would_adopt"] * 5 + ["skipped"]
+    assert result["bytes_read"] == 0
+    assert result["adopted"] == []
+    assert full_snapshot(tmp_path) == before
+
+
+def test_adopt_documentation_matches_the_result(tmp_path, run_module):
+    model, _data = build_checkpoint(tmp_path, split=())
+    (model / SHARDS[0]).write_bytes(b"corrupt")
+    result = run_module(checkpoint_shards, {"model_dir": str(model), "adopt": True})
+    assert not result.failed, result
+    documented = yaml.safe_load(checkpoint_shards.RETURN)
+    assert set(documented) <= set(result)
+    assert set(documented["files"]["contains"]) == set(result["files"][0])
+    assert set(documented["mismatched"]["contains"]) == set(result["mismatched"][0])
+    for action in ("adopted", "mismatched", "skipped", "would_adopt"):
+        assert f"C({action})" in " ".join(documented["files"]["contains"]["action"]["description"])
+    options = yaml.safe_load(checkpoint_shards.DOCUMENTATION)["options"]
+    assert options["adopt"] == {
+        "description": options["adopt"]["description"],
+        "type": "bool",
+        "default": False,
+    }
+    yaml.safe_load(checkpoint_shards.EXAMPLES)
