@@ -7,9 +7,11 @@ answers without a server.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import struct
+import unicodedata
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,7 +20,8 @@ from typing import Any
 CHECKS = ("text", "tool_call", "vision", "reasoning", "stream")
 TEXT_PROMPT = "What is 17 * 23?"
 TEXT_EXPECTED = "391"
-WEATHER_PROMPT = "What is the weather in Hanoi right now? Use the tool."
+WEATHER_CITY = "Hanoi"
+WEATHER_PROMPT = f"What is the weather in {WEATHER_CITY} right now? Use the tool."
 VISION_PROMPT = "This image has two halves. Name the colour of the left half, then of the right half."
 REASONING_PROMPT = "Is 1009 a prime number? Think it through, then answer yes or no."
 STREAM_PROMPT = "Count from 1 to 5."
@@ -47,8 +50,8 @@ class Reply:
     error: str = ""
 
 
-# (path, payload, stream) -> Reply
-Client = Callable[[str, dict[str, Any], bool], Reply]
+# (path, payload, stream) -> Reply; a payload of None is a GET
+Client = Callable[[str, dict[str, Any] | None, bool], Reply]
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,11 @@ class Result:
     name: str
     passed: bool
     evidence: str
+    # prompt_tokens and completion_tokens as the endpoint reported them; None when it did not
+    usage: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "evidence": self.evidence}
+        return {"name": self.name, "passed": self.passed, "evidence": self.evidence, "usage": self.usage}
 
 
 def png_two_halves(width: int, height: int, left: tuple[int, int, int], right: tuple[int, int, int]) -> bytes:
@@ -81,10 +86,11 @@ def image_url() -> str:
 
 
 def requests(model: str) -> dict[str, tuple[str, dict[str, Any], bool]]:
-    """Each check's request: (path, payload, stream). No output cap: the model ends its reply."""
+    """Each check's request: (path, payload, stream). Greedy (temperature 0), so a check judges the
+    model's most likely answer; no output cap: the model ends its reply."""
 
     def chat(content: Any, **extra: Any) -> dict[str, Any]:
-        return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+        return {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
 
     vision = [
         {"type": "text", "text": VISION_PROMPT},
@@ -96,7 +102,11 @@ def requests(model: str) -> dict[str, tuple[str, dict[str, Any], bool]]:
         "tool_call": ("/chat/completions", weather, False),
         "vision": ("/chat/completions", chat(vision), False),
         "reasoning": ("/chat/completions", chat(REASONING_PROMPT, reasoning_effort="high"), False),
-        "stream": ("/chat/completions", chat(STREAM_PROMPT, stream=True), True),
+        "stream": (
+            "/chat/completions",
+            chat(STREAM_PROMPT, stream=True, stream_options={"include_usage": True}),
+            True,
+        ),
     }
 
 
@@ -126,17 +136,36 @@ def judge_text(reply: Reply) -> Result:
     return Result("text", TEXT_EXPECTED in content, f"{TEXT_PROMPT!r} -> {_short(content)!r}")
 
 
+def _folded(text: str) -> str:
+    """Lower-case ASCII letters and digits only: 'Hà Nội, Vietnam' -> 'hanoivietnam'."""
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9]", "", ascii_text.lower())
+
+
+def _weather_city(function: dict[str, Any]) -> str:
+    """The non-empty ``city`` argument of a get_weather call, or ''."""
+    if function.get("name") != "get_weather":
+        return ""
+    raw = function.get("arguments") or "{}"
+    try:
+        arguments = raw if isinstance(raw, dict) else json.loads(raw)
+    except (TypeError, json.JSONDecodeError):
+        return ""
+    city = arguments.get("city") if isinstance(arguments, dict) else None
+    return city.strip() if isinstance(city, str) else ""
+
+
 def judge_tool_call(reply: Reply) -> Result:
+    """get_weather must be called for the city asked about ('Hanoi', 'Ha Noi', 'Hanoi, Vietnam')."""
     calls = _message(reply).get("tool_calls") or []
-    for call in calls:
-        function = call.get("function") or {}
-        try:
-            arguments = json.loads(function.get("arguments") or "{}")
-        except json.JSONDecodeError:
-            arguments = {}
-        city = arguments.get("city") if isinstance(arguments, dict) else None
-        if function.get("name") == "get_weather" and isinstance(city, str) and city.strip():
-            return Result("tool_call", True, f"get_weather({function.get('arguments')})")
+    cities = [city for call in calls if (city := _weather_city(call.get("function") or {}))]
+    wanted = _folded(WEATHER_CITY)
+    right = next((city for city in cities if _folded(city).startswith(wanted)), None)
+    if right is not None:
+        return Result("tool_call", True, f"get_weather(city={_short(right)!r})")
+    if cities:
+        called = ", ".join(f"get_weather(city={_short(city)!r})" for city in cities)
+        return Result("tool_call", False, f"{called}, but the question is about {WEATHER_CITY}")
     if calls:
         return Result("tool_call", False, f"no get_weather call with a city: {_short(json.dumps(calls))}")
     content = _message(reply).get("content") or ""
@@ -198,6 +227,20 @@ JUDGES: dict[str, Callable[[Reply], Result]] = {
 }
 
 
+def reported_usage(reply: Reply) -> dict[str, int] | None:
+    """prompt_tokens and completion_tokens of the answer's ``usage`` (a stream's last usage chunk)."""
+    if reply.lines:
+        events, _ = stream_events(reply.lines)
+        usages = [event["usage"] for event in events if isinstance(event.get("usage"), dict)]
+        usage = usages[-1] if usages else None
+    else:
+        usage = reply.body.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    counts = {key: usage.get(key) for key in ("prompt_tokens", "completion_tokens")}
+    return counts if all(isinstance(value, int) for value in counts.values()) else None
+
+
 def run_checks(client: Client, model: str, checks: Iterable[str] = CHECKS) -> list[Result]:
     """Ask each check's question and judge the answer; a refused request fails that check."""
     asked = requests(model)
@@ -206,12 +249,45 @@ def run_checks(client: Client, model: str, checks: Iterable[str] = CHECKS) -> li
         path, payload, stream = asked[name]
         reply = client(path, payload, stream)
         refused = _refused(reply)
-        results.append(Result(name, False, refused) if refused else JUDGES[name](reply))
+        result = Result(name, False, refused) if refused else JUDGES[name](reply)
+        results.append(dataclasses.replace(result, usage=reported_usage(reply)))
     return results
 
 
+def first_model(client: Client) -> tuple[str, str]:
+    """(the first model id ``GET /models`` lists, '') or ('', why there is none)."""
+    reply = client("/models", None, False)
+    refused = _refused(reply)
+    if refused:
+        return "", refused
+    data = reply.body.get("data")
+    ids = [entry.get("id") for entry in data if isinstance(entry, dict)] if isinstance(data, list) else []
+    model = next((name for name in ids if isinstance(name, str) and name), "")
+    return model, "" if model else f"no model listed: {_short(json.dumps(reply.body))}"
+
+
+def run_smoke(client: Client, model: str | None, checks: Iterable[str] = CHECKS) -> tuple[str, list[Result]]:
+    """The model asked (the endpoint's first when none is given) and each check's result."""
+    checks = list(checks)
+    if not model:
+        model, why = first_model(client)
+        if why:
+            return "", [Result(name, False, f"{why} (GET /models, to choose the model)") for name in checks]
+    return model, run_checks(client, model, checks)
+
+
+def _tokens(usage: dict[str, int] | None) -> str:
+    return f"{usage['prompt_tokens']} in, {usage['completion_tokens']} out" if usage else "-"
+
+
 def table(results: list[Result]) -> str:
+    """One line per check: name, PASS/FAIL, tokens (prompt in, completion out), evidence."""
     width = max([len(r.name) for r in results] + [5])
-    lines = [f"{'check':<{width}}  result  evidence"]
-    lines += [f"{r.name:<{width}}  {'PASS' if r.passed else 'FAIL':<6}  {r.evidence}" for r in results]
+    tokens = [_tokens(r.usage) for r in results]
+    tokens_width = max([len(t) for t in tokens] + [6])
+    lines = [f"{'check':<{width}}  result  {'tokens':<{tokens_width}}  evidence"]
+    lines += [
+        f"{r.name:<{width}}  {'PASS' if r.passed else 'FAIL':<6}  {t:<{tokens_width}}  {r.evidence}"
+        for r, t in zip(results, tokens, strict=True)
+    ]
     return "\n".join(lines)

@@ -11,14 +11,18 @@ version_added: 0.1.0
 author: sparkserve maintainers
 description:
   - Asks the endpoint one question per check and judges the answer. C(text) - C(What is 17 * 23?)
-    must contain C(391). C(tool_call) - with a C(get_weather) tool offered, the model must call it
-    with a non-empty C(city). C(vision) - a generated PNG, left half red and right half blue; the
+    must contain C(391). C(tool_call) - asked about the weather in Hanoi with a C(get_weather) tool
+    offered, the model must call it with C(city) Hanoi (compared in lower case without spaces,
+    punctuation or accents, and accepted when it starts with C(hanoi) - C(Ha Noi) and
+    C(Hanoi, Vietnam) pass). C(vision) - a generated PNG, left half red and right half blue; the
     answer must name red before blue. C(reasoning) - the answer carries C(reasoning_content) (or
     C(reasoning)). C(stream) - a streamed generation delivers several content chunks and ends with
     C([DONE]), proving the server is ready to generate, not only up.
-  - Never sends an output-token cap; each reply ends where the model ends it.
-  - Returns a PASS/FAIL table with the evidence of each check, and fails when any check fails (or
-    the endpoint refuses a request, for instance a wrong key answered with HTTP 401).
+  - Every request is greedy (C(temperature) 0) and never sends an output-token cap; each reply
+    ends where the model ends it. The stream asks for its usage (C(stream_options.include_usage)).
+  - Returns a PASS/FAIL table with the token usage and the evidence of each check, and fails when
+    any check fails (or the endpoint refuses a request, for instance a wrong key answered with
+    HTTP 401).
   - Changes nothing; C(changed) is always false. In check mode the checks run all the same,
     because asking is what the module is for.
 options:
@@ -31,9 +35,10 @@ options:
     type: str
     default: ""
   model:
-    description: The model name to ask for (vLLM's C(--served-model-name)).
+    description:
+      - The model name to ask for (vLLM's C(--served-model-name)).
+      - Omitted or empty - the first id that C(GET /v1/models) lists.
     type: str
-    default: deepseek-v4.1-flash
   checks:
     description: Which checks to run, in this order.
     type: list
@@ -41,9 +46,11 @@ options:
     choices: [text, tool_call, vision, reasoning, stream]
     default: [text, tool_call, vision, reasoning, stream]
   timeout:
-    description: Seconds each request may take.
+    description:
+      - Seconds each request may take. The first long prompt on a cold engine is slow.
+      - The C(sparkserve.dsv41.smoke) role passes its C(smoke_timeout_seconds), of the same default.
     type: int
-    default: 300
+    default: 3600
 attributes:
   check_mode:
     support: full
@@ -53,7 +60,7 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Smoke-test the head's API
+- name: Smoke-test the head's API (the first model it lists)
   sparkserve.dsv41.smoke:
     base_url: http://192.168.100.10:8000/v1
     api_key: "{{ lookup('ansible.builtin.file', 'api_key') }}"
@@ -64,20 +71,38 @@ EXAMPLES = r"""
     api_key: "{{ vault_llm_key }}"
     model: my-model
     checks: [stream]
+    timeout: 600
 """
 
 RETURN = r"""
+model:
+  description:
+    - The model the checks asked for (the first one C(GET /v1/models) listed when none was given).
+    - Empty when none was given and the endpoint listed none (or refused to list them).
+  returned: always
+  type: str
+  sample: deepseek-v4.1-flash
 results:
-  description: One entry per check, in the order they ran.
+  description:
+    - One entry per check, in the order they ran.
+    - C(usage) holds the C(prompt_tokens) and C(completion_tokens) the answer reported (for the
+      stream, its final usage chunk); null when the answer reported none.
   returned: always
   type: list
   elements: dict
-  sample: [{name: text, passed: true, evidence: "'What is 17 * 23?' -> '17 * 23 = 391.'"}]
+  sample:
+    - name: text
+      passed: true
+      evidence: "'What is 17 * 23?' -> '17 * 23 = 391.'"
+      usage: {prompt_tokens: 17, completion_tokens: 7}
 table:
-  description: The results as a PASS/FAIL table, one line per check.
+  description: The results as a table, one line per check - name, PASS/FAIL, tokens in and out, evidence.
   returned: always
   type: str
-  sample: "check      result  evidence\ntext       PASS    'What is 17 * 23?' -> '17 * 23 = 391.'"
+  sample: |-
+    check      result  tokens         evidence
+    text       PASS    17 in, 7 out   'What is 17 * 23?' -> '17 * 23 = 391.'
+    tool_call  PASS    97 in, 12 out  get_weather(city='Hanoi')
 failed_checks:
   description: Names of the checks that failed.
   returned: always
@@ -92,20 +117,19 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._smoke import CHECKS, Reply, run_checks, table
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._smoke import CHECKS, Reply, run_smoke, table
 
 
 def http_client(base_url: str, api_key: str, timeout: int):
-    """The transport of the checks: POST JSON, read a JSON body or a stream's lines."""
+    """The checks' transport: POST JSON (GET when there is no payload); a JSON body or a stream's lines."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
 
-    def post(path: str, payload: dict[str, Any], stream: bool) -> Reply:
+    def send(path: str, payload: dict[str, Any] | None, stream: bool) -> Reply:
+        method, data = ("GET", None) if payload is None else ("POST", json.dumps(payload))
         try:
-            response = open_url(
-                base_url + path, method="POST", data=json.dumps(payload), headers=headers, timeout=timeout
-            )
+            response = open_url(base_url + path, method=method, data=data, headers=headers, timeout=timeout)
             if stream:
                 lines = tuple(raw.decode("utf-8", "replace").rstrip("\r\n") for raw in response)
                 return Reply(200, lines=lines)
@@ -119,7 +143,7 @@ def http_client(base_url: str, api_key: str, timeout: int):
         except (URLError, OSError, ValueError) as exc:
             return Reply(0, error=f"{base_url + path}: {exc}")
 
-    return post
+    return send
 
 
 def main() -> None:
@@ -127,9 +151,9 @@ def main() -> None:
         argument_spec={
             "base_url": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
-            "model": {"type": "str", "default": "deepseek-v4.1-flash"},
+            "model": {"type": "str"},
             "checks": {"type": "list", "elements": "str", "choices": list(CHECKS), "default": list(CHECKS)},
-            "timeout": {"type": "int", "default": 300},
+            "timeout": {"type": "int", "default": 3600},
         },
         supports_check_mode=True,
     )
@@ -139,9 +163,10 @@ def main() -> None:
     if not base_url.endswith("/v1"):
         base_url += "/v1"
     client = http_client(base_url, module.params["api_key"], module.params["timeout"])
-    results = run_checks(client, module.params["model"], module.params["checks"])
+    model, results = run_smoke(client, module.params["model"], module.params["checks"])
     report = {
         "changed": False,
+        "model": model,
         "results": [r.as_dict() for r in results],
         "table": table(results),
         "failed_checks": [r.name for r in results if not r.passed],

@@ -69,7 +69,8 @@ HEAD_ONLY_ARGS = frozenset(
     }
 )
 
-KNOWN_FAULTS = frozenset({"wrong_math", "no_tool_call", "swap_colors", "no_reasoning"})
+KNOWN_FAULTS = frozenset({"wrong_math", "no_tool_call", "wrong_city", "swap_colors", "no_reasoning"})
+WRONG_CITIES = ("Paris", "London")  # wrong_city calls the tool for the first that was not asked about
 IMAGE_PROMPT_TOKENS = 64  # what one image adds to prompt_tokens
 SIOCGIFADDR = 0x8915
 
@@ -889,11 +890,15 @@ def _tool_name(tool: Any) -> str:
     return str((tool.get("function") or {}).get("name", "")) if isinstance(tool, dict) else ""
 
 
-def _tool_call_answer(tool: dict[str, Any], prompt: str, seed: str) -> Answer:
-    """Call ``tool`` with the place named in the prompt, in the parameter the schema offers."""
+def _tool_call_answer(tool: dict[str, Any], prompt: str, seed: str, wrong_city: bool = False) -> Answer:
+    """Call ``tool`` with the place named in the prompt (another with ``wrong_city``), in the
+    parameter the schema offers."""
     props = ((tool.get("function") or {}).get("parameters") or {}).get("properties") or {}
     key = "location" if "location" in props and "city" not in props else "city"
-    arguments = json.dumps({key: extract_city(prompt)})
+    city = extract_city(prompt)
+    if wrong_city:
+        city = next(other for other in WRONG_CITIES if other.lower() != city.lower())
+    arguments = json.dumps({key: city})
     name = _tool_name(tool)
     pieces = [Piece("tool_name", name), *split_pieces(arguments, "tool_args")]
     call_id = "chatcmpl-tool-" + hashlib.sha256(seed.encode()).hexdigest()[:24]
@@ -945,7 +950,8 @@ class Planner:
             return Answer(split_pieces(image_answer(images[-1], faults), "content"))
         tool = self._tool_to_call(request, prompt)
         if tool is not None:
-            return _tool_call_answer(tool, prompt, json.dumps(messages, sort_keys=True))
+            seed = json.dumps(messages, sort_keys=True)
+            return _tool_call_answer(tool, prompt, seed, wrong_city="wrong_city" in faults)
         if "weather" in prompt.lower() and request.get("tools") and "no_tool_call" in faults:
             return Answer(split_pieces("I cannot look up the weather right now.", "content"))
         text = arithmetic(prompt, "wrong_math" in faults) or filler(prompt, self.settings.output_tokens)

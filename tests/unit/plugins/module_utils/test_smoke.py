@@ -16,27 +16,44 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._smoke import (
     judge_tool_call,
     judge_vision,
     png_two_halves,
+    reported_usage,
     requests,
     run_checks,
+    run_smoke,
     stream_events,
     table,
 )
 
 
-def chat(message: dict) -> Reply:
-    return Reply(200, body={"object": "chat.completion", "choices": [{"index": 0, "message": message}]})
+def chat(message: dict, usage: dict | None = None) -> Reply:
+    body = {"object": "chat.completion", "choices": [{"index": 0, "message": message}]}
+    return Reply(200, body=body | ({"usage": usage} if usage else {}))
 
 
 def tool_call(name: str, arguments: str) -> dict:
     return {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def sse(*contents: str, done: bool = True) -> Reply:
-    """A server-sent event stream as vLLM writes it: each event, then a blank line."""
+def sse(*contents: str, done: bool = True, usage: dict | None = None) -> Reply:
+    """A server-sent event stream as vLLM writes it: each event, then a blank line; the usage chunk
+    (``choices: []``) last, as with ``stream_options.include_usage``."""
     lines: list[str] = []
     for content in contents:
         lines += [f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': content}}]})}", ""]
+    if usage:
+        lines += [f"data: {json.dumps({'choices': [], 'usage': usage})}", ""]
     return Reply(200, lines=tuple(lines + (["data: [DONE]"] if done else [])))
+
+
+USAGE = {"prompt_tokens": 17, "completion_tokens": 7, "total_tokens": 24}
+
+
+def usage_in_every_chunk(*completion_tokens: int) -> Reply:
+    """A stream with vLLM's continuous usage stats: the running usage in every chunk."""
+    events = [
+        {"choices": [], "usage": {"prompt_tokens": 17, "completion_tokens": n}} for n in completion_tokens
+    ]
+    return Reply(200, lines=(*(f"data: {json.dumps(event)}" for event in events), "data: [DONE]"))
 
 
 @pytest.mark.parametrize(
@@ -64,6 +81,36 @@ def test_tool_call(calls, passed):
     assert result.passed is passed
     if passed:
         assert "Hanoi" in result.evidence
+
+
+@pytest.mark.parametrize(
+    ("city", "passed"),
+    [
+        ("Hanoi", True),
+        (" hanoi ", True),
+        ("HANOI", True),
+        ("Ha Noi", True),
+        ("Ha-Noi", True),
+        ("Hanoi, Vietnam", True),
+        ("Hà Nội", True),
+        ("Paris", False),
+        ("Ho Chi Minh City", False),
+        ("Noi Ha", False),
+    ],
+)
+def test_tool_call_must_ask_for_the_city_asked_about(city, passed):
+    call = tool_call("get_weather", json.dumps({"city": city}))
+    result = judge_tool_call(chat({"role": "assistant", "content": None, "tool_calls": [call]}))
+    assert result.passed is passed
+    assert f"get_weather(city={city.strip()!r})" in result.evidence  # the city called is shown
+    if not passed:
+        assert result.evidence.endswith("but the question is about Hanoi")
+
+
+def test_tool_call_passes_when_one_of_several_calls_asks_for_the_city():
+    calls = [tool_call("get_weather", '{"city": "Paris"}'), tool_call("get_weather", '{"city": "Hanoi"}')]
+    result = judge_tool_call(chat({"role": "assistant", "content": None, "tool_calls": calls}))
+    assert result.passed and result.evidence == "get_weather(city='Hanoi')"
 
 
 @pytest.mark.parametrize(
@@ -136,6 +183,62 @@ def test_requests_never_cap_the_output_and_ask_the_model():
         assert stream is bool(payload.get("stream"))
 
 
+@pytest.mark.parametrize("name", CHECKS)
+def test_every_request_is_greedy(name):
+    _, payload, _ = requests("m")[name]
+    assert payload["temperature"] == 0
+
+
+def test_the_stream_asks_for_its_usage_and_only_the_stream_does():
+    asked = requests("m")
+    assert asked["stream"][1]["stream_options"] == {"include_usage": True}
+    assert all("stream_options" not in payload for name, (_, payload, _) in asked.items() if name != "stream")
+
+
+def test_the_tool_question_is_about_hanoi():
+    _, payload, _ = requests("m")["tool_call"]
+    assert "Hanoi" in payload["messages"][0]["content"]
+    assert payload["tools"][0]["function"]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize(
+    ("reply", "usage"),
+    [
+        (chat({"content": "391"}, USAGE), {"prompt_tokens": 17, "completion_tokens": 7}),
+        (chat({"content": "391"}), None),
+        (chat({"content": "391"}, {"prompt_tokens": 17}), None),
+        (sse("1, ", "2, ", "3", usage=USAGE), {"prompt_tokens": 17, "completion_tokens": 7}),
+        (sse("1, ", "2, ", "3"), None),
+        (usage_in_every_chunk(1, 2, 7), {"prompt_tokens": 17, "completion_tokens": 7}),
+        (Reply(401, body={"error": {"message": "Unauthorized"}}), None),
+    ],
+    ids=[
+        "body",
+        "body-none",
+        "body-partial",
+        "stream-final-chunk",
+        "stream-none",
+        "stream-every-chunk",
+        "refused",
+    ],
+)
+def test_reported_usage(reply, usage):
+    assert reported_usage(reply) == usage
+
+
+def test_every_check_carries_the_usage_of_its_answer():
+    def client(path, payload, stream):
+        if stream:
+            return sse("1, ", "2, ", "3", usage={"prompt_tokens": 5, "completion_tokens": 3})
+        return chat({"content": "17 * 23 = 391."}, USAGE)
+
+    results = run_checks(client, "m")
+    stream = results.pop()
+    assert stream.passed and stream.usage == {"prompt_tokens": 5, "completion_tokens": 3}
+    assert all(r.usage == {"prompt_tokens": 17, "completion_tokens": 7} for r in results)
+    assert results[0].as_dict()["usage"] == {"prompt_tokens": 17, "completion_tokens": 7}
+
+
 def test_a_refused_request_fails_its_check_with_the_status():
     def client(path, payload, stream):
         return Reply(401, body={"error": {"message": "Unauthorized: missing or invalid bearer token"}})
@@ -155,5 +258,70 @@ def test_table_has_one_line_per_check():
         return chat({"content": "17 * 23 = 391."})
 
     lines = table(run_checks(client, "m", ["text", "vision"])).splitlines()
-    assert lines[0].split() == ["check", "result", "evidence"]
+    assert lines[0].split() == ["check", "result", "tokens", "evidence"]
     assert lines[1].split()[:2] == ["text", "PASS"] and lines[2].split()[:2] == ["vision", "FAIL"]
+
+
+def test_table_shows_the_tokens_in_and_out_of_each_check():
+    def client(path, payload, stream):
+        if payload["messages"][0]["content"] == "What is 17 * 23?":
+            return chat({"content": "17 * 23 = 391."}, USAGE)
+        return Reply(401, body={"error": {"message": "Unauthorized"}})
+
+    lines = table(run_checks(client, "m", ["text", "vision"])).splitlines()
+    column = lines[0].index("tokens")
+    assert lines[0].index("evidence") > column
+    assert lines[1][column:].startswith("17 in, 7 out  'What is 17 * 23?'")
+    assert lines[2][column:].startswith("-             HTTP 401")
+
+
+def models_then(answer: Reply, listed: Reply):
+    """A client answering GET /models with ``listed`` and each check with ``answer``; and its calls."""
+    calls: list[tuple[str, dict | None]] = []
+
+    def client(path, payload, stream):
+        calls.append((path, payload))
+        return listed if payload is None else answer
+
+    return client, calls
+
+
+MODELS = Reply(200, body={"object": "list", "data": [{"id": "first", "object": "model"}, {"id": "second"}]})
+
+
+@pytest.mark.parametrize("given", ["", None])
+def test_without_a_model_the_first_one_listed_is_asked(given):
+    client, calls = models_then(chat({"content": "17 * 23 = 391."}), MODELS)
+    model, results = run_smoke(client, given, ["text", "vision"])
+    assert model == "first" and [r.name for r in results] == ["text", "vision"]
+    assert calls[0] == ("/models", None)
+    assert [payload["model"] for _, payload in calls[1:]] == ["first", "first"]
+
+
+def test_a_model_given_is_asked_without_listing_the_models():
+    client, calls = models_then(chat({"content": "17 * 23 = 391."}), MODELS)
+    model, results = run_smoke(client, "mine", ["text"])
+    assert model == "mine" and results[0].passed
+    assert [(path, payload["model"]) for path, payload in calls] == [("/chat/completions", "mine")]
+
+
+@pytest.mark.parametrize(
+    ("listed", "evidence"),
+    [
+        (
+            Reply(401, body={"error": {"message": "Unauthorized: missing or invalid bearer token"}}),
+            "HTTP 401: ",
+        ),
+        (Reply(200, body={"object": "list", "data": []}), "no model listed: "),
+        (Reply(200, body={"object": "list"}), "no model listed: "),
+        (Reply(0, error="http://x/v1/models: refused"), "http://x/v1/models: refused"),
+    ],
+    ids=["refused", "empty", "no-data", "unreachable"],
+)
+def test_without_a_model_every_check_fails_when_none_can_be_chosen(listed, evidence):
+    client, calls = models_then(chat({"content": "17 * 23 = 391."}), listed)
+    model, results = run_smoke(client, "")
+    assert model == "" and calls == [("/models", None)]
+    assert [r.name for r in results] == list(CHECKS)
+    assert all(not r.passed and r.evidence.startswith(evidence) for r in results)
+    assert all(r.evidence.endswith("(GET /models, to choose the model)") for r in results)
