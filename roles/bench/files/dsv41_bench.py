@@ -6,12 +6,19 @@ prefill tok/s = prompt tokens / time to the first token (the connection is then 
 makes vLLM abort the request: nothing caps the output). Decode: prose and code prompts through
 ``/v1/chat/completions`` with streaming, every request to its natural end, at each concurrency;
 per stream tok/s = (completion tokens - 1) / (last token - first token), aggregate = the streams'
-tokens over the window from the first first-token to the last token. Medians over repetitions.
+tokens over the window from the first first-token to the last token. ``--decode-context`` also
+measures decode after a long prompt (decode speed at depth). Medians over repetitions.
 
-Writes ``bench.json``, ``bench.md`` (beside the reference numbers) and ``bench.png`` (the same
-comparison as a chart) into ``--out-dir``. The key comes from ``--api-key-file`` or the
-environment (``--api-key-env``), never from the command line. Standard library only, except the
-chart (matplotlib).
+Every request has a prompt of its own (it opens with a tag unique to the run and the request;
+long contexts are random words, prefill prompts random token ids), so nothing is served from the
+prefix cache. One warm-up request runs first and is not counted (``--no-warmup`` skips it);
+``--greedy`` sends ``temperature: 0``. No request ever carries an output cap.
+
+Writes ``bench.json`` and ``bench.md`` (beside the reference numbers) into ``--out-dir`` after
+every measurement, atomically, so a run that fails or is stopped keeps what it measured
+(``meta.status`` says how it ended); ``bench.png`` (the same comparison as a chart) when it ends.
+The key comes from ``--api-key-file`` or the environment (``--api-key-env``), never from the
+command line. Standard library only, except the chart (matplotlib).
 
     dsv41_bench.py run --base-url http://spark-1:8000/v1 --out-dir bench-results
     dsv41_bench.py wait --job <async results file> --progress-file <file> --seconds 10
@@ -20,12 +27,17 @@ chart (matplotlib).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
+import io
 import json
 import os
 import random
+import re
+import signal
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,12 +64,37 @@ PROMPTS = {
         "and a dict, with type hints, docstrings and a set of unit tests."
     ),
 }
+WARMUP_PROMPT = "Say hello and introduce yourself in two sentences."
+# The warm-up reads this many output chunks, then closes the connection (vLLM aborts the request).
+WARMUP_CHUNKS = 16
+# Long contexts are random common words: one token each in the usual vocabularies, so a context of
+# N words is about N tokens (the tokens the server counted are recorded with each sample).
+CONTEXT_INTRO = "Background notes follow; they are not needed for the task at the end."
+_CONTEXT_VOCABULARY = (
+    "time year people way day man thing woman life child world school state family student group "
+    "country problem hand part place case week company system program question work government "
+    "number night point home water room mother area money story fact month lot right study book "
+    "eye job word business issue side kind head house service friend father power hour game line "
+    "end member law car city name team minute idea kid body information back parent face others "
+    "level office door health person art war history party result change morning reason research "
+    "girl guy moment air teacher force education river garden window table paper music market"
+)
+CONTEXT_WORDS = _CONTEXT_VOCABULARY.split()
 # Token ids drawn for prefill prompts: ordinary vocabulary, clear of the special tokens at the ends.
 TOKEN_ID_RANGE = (1000, 100000)
+_DECODE_METRIC = re.compile(r"decode_([a-z]+)_(?:(\d+k?)_)?c(\d+)(_aggregate)?")
 
 
 class BenchError(Exception):
     """A request the benchmark cannot use (HTTP error, broken stream)."""
+
+
+class Interrupted(Exception):
+    """The run was stopped by a signal (SIGTERM, or SIGINT as KeyboardInterrupt)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass
@@ -70,6 +107,7 @@ class Timing:
     completion_tokens: int = 0
     prompt_tokens: int | None = None
     finish_reason: str | None = None
+    chunks: int = 0  # chunks that carried output
 
 
 @dataclass
@@ -114,22 +152,36 @@ def random_token_ids(rng: random.Random, count: int) -> list[int]:
     return [rng.randrange(low, high) for _ in range(count)]
 
 
+def size_label(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+
+
+def decode_metric(kind: str, streams: int, context_tokens: int = 0) -> str:
+    """decode_code_c2; after a long prompt: decode_code_32k_c2."""
+    depth = f"{size_label(context_tokens)}_" if context_tokens else ""
+    return f"decode_{kind}_{depth}c{streams}"
+
+
+def at_depth(metric: str) -> bool:
+    """Whether a metric is a decode after a long prompt."""
+    match = _DECODE_METRIC.fullmatch(metric)
+    return bool(match and match.group(2))
+
+
 def label(metric: str) -> str:
-    """prefill_8k -> 'prefill 8k'; decode_code_c2_aggregate -> 'decode code, 2 streams, aggregate'."""
+    """prefill_8k -> 'prefill 8k'; decode_code_32k_c2_aggregate -> 'decode code at 32k, 2 streams,
+    aggregate'."""
     parts = metric.split("_")
     if parts[0] == "prefill" and len(parts) == 2:
         return f"prefill {parts[1]}"
-    if parts[0] == "decode" and len(parts) in (3, 4) and parts[2].startswith("c"):
-        streams = parts[2][1:]
-        how = "aggregate" if len(parts) == 4 else ("per stream" if streams != "1" else "")
-        return f"decode {parts[1]}, {streams} stream{'s' if streams != '1' else ''}" + (
-            f", {how}" if how else ""
-        )
-    return metric
-
-
-def size_label(tokens: int) -> str:
-    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+    match = _DECODE_METRIC.fullmatch(metric)
+    if not match:
+        return metric
+    kind, depth, streams, aggregate = match.groups()
+    how = "aggregate" if aggregate else ("per stream" if streams != "1" else "")
+    text = f"decode {kind}" + (f" at {depth}" if depth else "")
+    text += f", {streams} stream{'s' if streams != '1' else ''}"
+    return text + (f", {how}" if how else "")
 
 
 def summarise(samples: list[Sample]) -> dict[str, dict[str, Any]]:
@@ -148,14 +200,23 @@ def summarise(samples: list[Sample]) -> dict[str, dict[str, Any]]:
     }
 
 
+def _how_measured(meta: dict[str, Any]) -> str:
+    sampling = "greedy sampling (temperature 0)" if meta.get("greedy") else "the server's default sampling"
+    warmup = meta.get("warmup") or {}
+    return f"{sampling}, {'after one warm-up request' if warmup.get('ran') else 'no warm-up request'}"
+
+
 def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         f"Benchmark of `{meta['model']}` at `{meta['base_url']}` ({meta['date']}), medians of "
-        f"{meta['repetitions']} repetitions.",
+        f"{meta['repetitions']} repetitions; {_how_measured(meta)}.",
         "",
-        "| tok/s | measured | reference | measured / reference |",
-        "|---|---:|---:|---:|",
     ]
+    status = meta.get("status", "complete")
+    if status != "complete":
+        why = f": {meta['error']}" if meta.get("error") else ""
+        lines += [f"**Incomplete ({status}{why})**: the measurements done so far.", ""]
+    lines += ["| tok/s | measured | reference | measured / reference |", "|---|---:|---:|---:|"]
     for name, stats in summary.items():
         reference = REFERENCE.get(name)
         ratio = f"{stats['median'] / reference:.2f}" if reference else "-"
@@ -168,7 +229,7 @@ def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
-    """Measured against reference, one pair of bars per metric (prefill and decode apart)."""
+    """Measured against reference, one pair of bars per metric (prefill, decode, decode at depth)."""
     import matplotlib  # noqa: PLC0415 - only the chart needs it
 
     matplotlib.use("Agg")
@@ -176,11 +237,12 @@ def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) 
 
     groups = [
         ("Prefill", [n for n in summary if n.startswith("prefill")]),
-        ("Decode", [n for n in summary if n.startswith("decode")]),
+        ("Decode", [n for n in summary if n.startswith("decode") and not at_depth(n)]),
+        ("Decode after a long prompt", [n for n in summary if at_depth(n)]),
     ]
     groups = [(title, names) for title, names in groups if names]
     widths = [max(2, len(names)) for _, names in groups]
-    size = (2.2 * sum(widths) + 1, 5)
+    size = (1.6 * sum(widths) + 1.5 * len(groups), 5)
     layout = {"figsize": size, "squeeze": False, "gridspec_kw": {"width_ratios": widths}}
     figure, axes = plt.subplots(1, len(groups), **layout)
     for axis, (title, names) in zip(axes[0], groups, strict=True):
@@ -193,7 +255,7 @@ def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) 
             axis.annotate(f"{value:.0f}", (p - 0.2, value), ha="center", va="bottom", fontsize=8)
         axis.set_xticks(list(positions))
         axis.set_xticklabels([label(n).replace(", ", "\n") for n in names], fontsize=8)
-        axis.set_ylim(0, max(measured + reference) * 1.3)  # headroom for the legend
+        axis.set_ylim(0, max(measured + reference) * 1.3 or 1)  # headroom for the legend
         axis.set_ylabel("tokens / s")
         axis.set_title(title)
         axis.legend(fontsize=8, loc="upper left")
@@ -202,8 +264,63 @@ def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) 
         title += f"\n{meta['label']}"
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=110)
     plt.close(figure)
+    write_atomically(path, image.getvalue())
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` in one step (a temporary file beside it, then ``os.replace``): a reader, or
+    a run killed meanwhile, sees the old content or the new, never half of it."""
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+# --- prompts -------------------------------------------------------------------------------------
+
+
+class Prompts:
+    """A prompt of its own for every request: a prefix-cache hit would inflate the numbers.
+
+    Chat prompts open with ``Request <run>.<n>.``, the run tag drawn once and ``n`` counting the
+    requests, so no two share even their first block; prefill prompts are fresh random token ids.
+    """
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.run_tag = f"{rng.getrandbits(32):08x}"
+        self.count = 0
+
+    def _tag(self) -> str:
+        self.count += 1
+        return f"Request {self.run_tag}.{self.count}."
+
+    def warmup(self) -> str:
+        return f"{self._tag()} {WARMUP_PROMPT}"
+
+    def chat(self, kind: str, context_tokens: int = 0) -> str:
+        """The decode prompt of ``kind``; after about ``context_tokens`` tokens of context when set."""
+        tag, task = self._tag(), PROMPTS[kind]
+        if not context_tokens:
+            return f"{tag} {task}"
+        fixed = f"{tag} {CONTEXT_INTRO} Task: {task}"
+        count = max(0, context_tokens - len(fixed.split()))
+        context = " ".join(self.rng.choice(CONTEXT_WORDS) for _ in range(count))
+        return f"{tag} {CONTEXT_INTRO}\n\n{context}\n\nTask: {task}"
+
+    def token_ids(self, count: int) -> list[int]:
+        return random_token_ids(self.rng, count)
 
 
 # --- the client --------------------------------------------------------------------------------
@@ -248,7 +365,9 @@ class Client:
         kind = http.client.HTTPSConnection if self.parts.scheme == "https" else http.client.HTTPConnection
         return kind(self.parts.hostname, self.parts.port, timeout=self.timeout)
 
-    def stream(self, path: str, payload: dict[str, Any], first_token_only: bool = False) -> Timing:
+    def stream(self, path: str, payload: dict[str, Any], stop_after: int | None = None) -> Timing:
+        """Stream one request to its end, or close it after ``stop_after`` output chunks (closing
+        the connection aborts the request)."""
         body = json.dumps({**payload, "stream": True, "stream_options": {"include_usage": True}})
         connection = self._connection()
         try:
@@ -262,8 +381,9 @@ class Client:
                 if _chunk_has_output(event):
                     timing.first = timing.first or now
                     timing.last = now
-                    if first_token_only:
-                        return timing  # closing the connection aborts the request
+                    timing.chunks += 1
+                    if stop_after is not None and timing.chunks >= stop_after:
+                        return timing
                 for choice in event.get("choices") or []:
                     timing.finish_reason = choice.get("finish_reason") or timing.finish_reason
                 usage = event.get("usage")
@@ -277,41 +397,64 @@ class Client:
             connection.close()
 
 
-# --- the runs ----------------------------------------------------------------------------------
+# --- the runs: each yields one measurement (a list of samples) at a time --------------------------
 
 
 Progress = Callable[[str], None]
 
 
-def run_prefill(
-    client: Client, model: str, sizes: list[int], *, repetitions: int, rng: random.Random, progress: Progress
-) -> list[Sample]:
-    samples = []
+@dataclass
+class Plan:
+    """What every request shares: the model, the prompts, the sampling, where progress goes."""
+
+    client: Client
+    model: str
+    prompts: Prompts
+    progress: Progress
+    repetitions: int = 3
+    sampling: dict[str, Any] = field(default_factory=dict)  # {"temperature": 0} with --greedy
+
+    def chat_payload(self, content: str) -> dict[str, Any]:
+        return {"model": self.model, "messages": [{"role": "user", "content": content}], **self.sampling}
+
+
+def warm_up(plan: Plan) -> dict[str, Any]:
+    """One short chat request before measuring (kernels, caches, connections), never counted."""
+    payload = plan.chat_payload(plan.prompts.warmup())
+    timing = plan.client.stream("/chat/completions", payload, stop_after=WARMUP_CHUNKS)
+    seconds = round((timing.last or time.monotonic()) - timing.sent, 3)
+    plan.progress(f"warm-up: {timing.chunks} output chunks in {seconds:.2f} s (not counted)")
+    return {"ran": True, "output_chunks": timing.chunks, "seconds": seconds}
+
+
+def run_prefill(plan: Plan, sizes: list[int]) -> Iterator[list[Sample]]:
     for size in sizes:
         metric = f"prefill_{size_label(size)}"
-        for rep in range(1, repetitions + 1):
-            ids = random_token_ids(rng, size)  # fresh every time: no prefix-cache hit
-            timing = client.stream("/completions", {"model": model, "prompt": ids}, first_token_only=True)
+        for rep in range(1, plan.repetitions + 1):
+            payload = {"model": plan.model, "prompt": plan.prompts.token_ids(size), **plan.sampling}
+            timing = plan.client.stream("/completions", payload, stop_after=1)
             rate = prefill_rate(size, timing)
             ttft = timing.first - timing.sent
-            samples.append(Sample(metric, rep, rate, {"prompt_tokens": size, "ttft_s": round(ttft, 4)}))
-            progress(f"{metric} {rep}/{repetitions}: {rate:.1f} tok/s (first token after {ttft:.2f} s)")
-    return samples
+            plan.progress(
+                f"{metric} {rep}/{plan.repetitions}: {rate:.1f} tok/s (first token after {ttft:.2f} s)"
+            )
+            yield [Sample(metric, rep, rate, {"prompt_tokens": size, "ttft_s": round(ttft, 4)})]
 
 
-def concurrent_streams(client: Client, path: str, payload: dict[str, Any], streams: int) -> list[Timing]:
-    """Start ``streams`` identical requests at once; each runs to its natural end."""
+def concurrent_streams(client: Client, path: str, payloads: list[dict[str, Any]]) -> list[Timing]:
+    """Start one request per payload at once; each runs to its natural end."""
+    streams = len(payloads)
     results: list[Timing | BenchError] = [BenchError("not run")] * streams
     start = threading.Barrier(streams)
 
     def one(index: int) -> None:
         start.wait()
         try:
-            results[index] = client.stream(path, payload)
+            results[index] = client.stream(path, payloads[index])
         except BenchError as exc:
             results[index] = exc
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -323,35 +466,83 @@ def concurrent_streams(client: Client, path: str, payload: dict[str, Any], strea
 
 
 def run_decode(
-    client: Client,
-    model: str,
-    kinds: list[str],
-    *,
-    concurrencies: list[int],
-    repetitions: int,
-    progress: Progress,
-) -> list[Sample]:
-    samples = []
+    plan: Plan, kinds: list[str], concurrencies: list[int], context_tokens: int = 0
+) -> Iterator[list[Sample]]:
+    """Decode ``kinds`` at each concurrency; after about ``context_tokens`` tokens when set."""
+    where = f" at {size_label(context_tokens)}" if context_tokens else ""
     for kind in kinds:
-        payload = {"model": model, "messages": [{"role": "user", "content": PROMPTS[kind]}]}
         for conc in concurrencies:
-            for rep in range(1, repetitions + 1):
-                done = concurrent_streams(client, "/chat/completions", payload, conc)
+            metric = decode_metric(kind, conc, context_tokens)
+            for rep in range(1, plan.repetitions + 1):
+                payloads = [plan.chat_payload(plan.prompts.chat(kind, context_tokens)) for _ in range(conc)]
+                done = concurrent_streams(plan.client, "/chat/completions", payloads)
                 rates = [decode_rate(t) for t in done]
-                detail = {
+                detail: dict[str, Any] = {
                     "completion_tokens": [t.completion_tokens for t in done],
                     "finish_reasons": [t.finish_reason for t in done],
+                    "prompt_tokens": [t.prompt_tokens for t in done],
                 }
-                for stream, rate in enumerate(rates, 1):
-                    samples.append(Sample(f"decode_{kind}_c{conc}", rep, rate, {**detail, "stream": stream}))
-                line = f"decode {kind} x{conc} {rep}/{repetitions}: per stream "
+                if context_tokens:
+                    detail["context_tokens"] = context_tokens
+                samples = [Sample(metric, rep, r, {**detail, "stream": s}) for s, r in enumerate(rates, 1)]
+                line = f"decode {kind} x{conc}{where} {rep}/{plan.repetitions}: per stream "
                 line += ", ".join(f"{r:.1f}" for r in rates)
                 if conc > 1:
                     aggregate = aggregate_rate(done)
-                    samples.append(Sample(f"decode_{kind}_c{conc}_aggregate", rep, aggregate, detail))
+                    samples.append(Sample(f"{metric}_aggregate", rep, aggregate, detail))
                     line += f", aggregate {aggregate:.1f}"
-                progress(line + f" tok/s ({sum(t.completion_tokens for t in done)} tokens)")
-    return samples
+                plan.progress(line + f" tok/s ({sum(t.completion_tokens for t in done)} tokens)")
+                yield samples
+
+
+# --- results, on disk after every measurement ------------------------------------------------------
+
+
+class Results:
+    """bench.json and bench.md, rewritten atomically after every measurement; bench.png at the end."""
+
+    def __init__(self, out_dir: Path, meta: dict[str, Any]):
+        self.out_dir = out_dir
+        self.meta = meta
+        self.samples: list[Sample] = []
+        self.measurements = 0
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / "bench.json"
+
+    def document(self) -> dict[str, Any]:
+        samples = [asdict(s) for s in self.samples]
+        return {
+            "meta": self.meta,
+            "summary": summarise(self.samples),
+            "reference": REFERENCE,
+            "samples": samples,
+        }
+
+    def save(self) -> dict[str, Any]:
+        document = self.document()
+        write_atomically(self.path, (json.dumps(document, indent=2) + "\n").encode())
+        write_atomically(self.out_dir / "bench.md", markdown(document["summary"], self.meta).encode())
+        return document
+
+    def add(self, samples: list[Sample]) -> None:
+        self.samples += samples
+        self.measurements += 1
+        self.meta["measurements"] = self.measurements
+        self.save()
+
+    def finish(self, status: str, error: str | None = None) -> dict[str, Any]:
+        self.meta["status"] = status
+        if error:
+            self.meta["error"] = error
+        document = self.save()
+        if self.samples:
+            chart(document["summary"], self.meta, self.out_dir / "bench.png")
+        return document
+
+    def kept(self) -> str:
+        return f"the {self.measurements} measurement(s) done before are in {self.path}"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -369,25 +560,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     client = Client(args.base_url, key, args.timeout)
     rng = random.Random(args.seed)  # noqa: S311 - random prompts, not secrets
+    sampling = {"temperature": 0} if args.greedy else {}
+    plan = Plan(client, args.model, Prompts(rng), progress, args.repetitions, sampling)
     sizes = [*args.prefill_tokens, *args.long_context_tokens]
-    progress(f"{args.model} at {args.base_url}: prefill {sizes}, decode {args.kinds} x {args.concurrency}")
-    samples = run_prefill(client, args.model, sizes, repetitions=args.repetitions, rng=rng, progress=progress)
-    decode = {"concurrencies": args.concurrency, "repetitions": args.repetitions, "progress": progress}
-    samples += run_decode(client, args.model, args.kinds, **decode)
     meta = {
         "model": args.model,
         "base_url": args.base_url,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "repetitions": args.repetitions,
         "label": args.label,
+        "status": "running",
+        "measurements": 0,
+        "greedy": args.greedy,
+        "sampling": sampling,
+        "warmup": {"ran": False},
+        "prefill_tokens": sizes,
+        "decode_kinds": args.kinds,
+        "decode_concurrency": args.concurrency,
+        "decode_context_tokens": args.decode_context,
     }
-    summary = summarise(samples)
-    samples_out = [asdict(s) for s in samples]
-    result = {"meta": meta, "summary": summary, "reference": REFERENCE, "samples": samples_out}
-    (out_dir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out_dir / "bench.md").write_text(markdown(summary, meta))
-    chart(summary, meta, out_dir / "bench.png")
-    progress(f"done: {out_dir / 'bench.json'}, bench.md, bench.png")
+    results = Results(out_dir, meta)
+    results.save()
+    (out_dir / "bench.png").unlink(missing_ok=True)  # a chart of an earlier run would mislead
+    depths = f", decode after {args.decode_context} tokens" if args.decode_context else ""
+    progress(
+        f"{args.model} at {args.base_url}: prefill {sizes}, decode {args.kinds} x {args.concurrency}{depths}"
+    )
+    try:
+        if args.warmup:
+            meta["warmup"] = warm_up(plan)
+        for measurement in run_prefill(plan, sizes):
+            results.add(measurement)
+        for depth in [0, *args.decode_context]:
+            for measurement in run_decode(plan, args.kinds, args.concurrency, depth):
+                results.add(measurement)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        results.finish("interrupted", f"stopped by {signal.Signals(signum).name}")
+        progress(f"interrupted: {results.kept()}")
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}; {results.kept()}", signum) from exc
+    except BenchError as exc:
+        results.finish("failed", str(exc))
+        progress(f"failed: {exc}")
+        raise BenchError(f"{exc}; {results.kept()}") from exc
+    except Exception as exc:
+        results.finish("failed", repr(exc))
+        raise
+    result = results.finish("complete")
+    progress(f"done: {results.path}, bench.md, bench.png")
     return result
 
 
@@ -435,7 +655,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     go.add_argument("--long-context-tokens", type=int, nargs="*", default=[], help="optional longer prefills")
     go.add_argument("--kinds", nargs="*", choices=sorted(PROMPTS), default=["prose", "code"])
     go.add_argument("--concurrency", type=int, nargs="*", default=[1, 2])
+    go.add_argument(
+        "--decode-context",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="TOKENS",
+        help="also decode after a prompt of about this many tokens (decode speed at depth)",
+    )
     go.add_argument("--repetitions", type=int, default=3)
+    go.add_argument(
+        "--warmup", action=argparse.BooleanOptionalAction, default=True, help="one uncounted request first"
+    )
+    go.add_argument(
+        "--greedy", action=argparse.BooleanOptionalAction, default=False, help="send temperature 0"
+    )
     go.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")
     go.add_argument("--seed", type=int, default=None, help="seed of the random prompts (default: fresh)")
     go.add_argument("--label", default="", help="a note stored with the results")
@@ -445,10 +679,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     poll.add_argument("--progress-file", required=True, type=Path)
     poll.add_argument("--seconds", type=float, default=10)
     args = parser.parse_args(argv)
-    counts = [args.repetitions, *args.concurrency, *args.prefill_tokens] if args.command == "run" else []
-    if any(count < 1 for count in counts):
-        parser.error("--repetitions, --concurrency and --prefill-tokens must be positive")
+    if args.command == "run":
+        sizes = [*args.prefill_tokens, *args.long_context_tokens, *args.decode_context]
+        if any(count < 1 for count in [args.repetitions, *args.concurrency, *sizes]):
+            parser.error(
+                "--repetitions, --concurrency, --prefill-tokens, --long-context-tokens and "
+                "--decode-context must be positive"
+            )
     return args
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}", signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,11 +698,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "wait":
         print(json.dumps(wait(args.job, args.progress_file, args.seconds)))
         return 0
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if in_main_thread else None
     try:
         result = run(args)
     except BenchError as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:
+        print(f"benchmark interrupted: {exc}", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     print(json.dumps({"summary": result["summary"], "out_dir": str(Path(args.out_dir).resolve())}))
     return 0
 

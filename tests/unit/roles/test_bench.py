@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 PROGRAM = Path(__file__).resolve().parents[3] / "roles" / "bench" / "files" / "dsv41_bench.py"
 _spec = importlib.util.spec_from_file_location("dsv41_bench", PROGRAM)
@@ -126,7 +128,13 @@ def test_the_key_is_read_from_a_file_or_the_environment(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "bad", [["--repetitions", "0"], ["--concurrency", "1", "0"], ["--prefill-tokens", "-5"]]
+    "bad",
+    [
+        ["--repetitions", "0"],
+        ["--concurrency", "1", "0"],
+        ["--prefill-tokens", "-5"],
+        ["--decode-context", "32768", "0"],
+    ],
 )
 def test_nonsense_counts_are_refused(bad, capsys):
     with pytest.raises(SystemExit):
@@ -150,8 +158,272 @@ def test_wait_reports_the_last_progress_line(tmp_path):
         ("decode_prose_c1", "decode prose, 1 stream"),
         ("decode_code_c2", "decode code, 2 streams, per stream"),
         ("decode_code_c2_aggregate", "decode code, 2 streams, aggregate"),
+        ("decode_prose_32k_c1", "decode prose at 32k, 1 stream"),
+        ("decode_code_128k_c2", "decode code at 128k, 2 streams, per stream"),
+        ("decode_code_5000_c2_aggregate", "decode code at 5000, 2 streams, aggregate"),
         ("something_else", "something_else"),
     ],
 )
 def test_metric_labels(metric, text):
     assert bench.label(metric) == text
+
+
+def test_decode_metrics_after_a_long_prompt_are_named_by_their_depth():
+    assert bench.decode_metric("code", 1) == "decode_code_c1"
+    assert bench.decode_metric("prose", 2, 32768) == "decode_prose_32k_c2"
+    assert [bench.at_depth(m) for m in ("decode_code_32k_c1", "decode_code_c1", "prefill_32k")] == [
+        True,
+        False,
+        False,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "warmup", "greedy", "depths"),
+    [
+        ([], True, False, []),
+        (["--no-warmup", "--greedy", "--decode-context", "32768", "131072"], False, True, [32768, 131072]),
+    ],
+)
+def test_warmup_greedy_and_decode_context_options(argv, warmup, greedy, depths):
+    args = bench.parse(["run", "--base-url", "http://h/v1", *argv])
+    assert (args.warmup, args.greedy, args.decode_context) == (warmup, greedy, depths)
+
+
+# --- whole runs against a fake endpoint ------------------------------------------------------------
+
+
+class FakeEndpoint:
+    """Takes the Client's place: records every request and answers at fixed rates (prefill: first
+    token after 0.5 s; decode: 41 tokens over 2 s); can fail or be interrupted at a given request."""
+
+    def __init__(self, fail_at: int | None = None, interrupt_at: int | None = None):
+        self.requests: list[tuple[str, dict, int | None]] = []
+        self.fail_at, self.interrupt_at = fail_at, interrupt_at
+        self.on_request = lambda count: None
+
+    def stream(self, path, payload, stop_after=None):
+        self.requests.append((path, payload, stop_after))
+        self.on_request(len(self.requests))
+        if len(self.requests) == self.interrupt_at:
+            raise KeyboardInterrupt
+        if self.fail_at is not None and len(self.requests) >= self.fail_at:
+            raise bench.BenchError(f"POST /v1{path}: HTTP 503 b'engine unavailable'")
+        if path == "/completions":
+            return bench.Timing(sent=0.0, first=0.5, last=0.5, chunks=1)
+        words = len(payload["messages"][0]["content"].split())
+        chunks = min(41, stop_after or 41)
+        return bench.Timing(0.0, 1.0, 3.0, 41, words, "stop", chunks)
+
+    def prompts(self) -> list:
+        """Every prompt sent, hashable: token ids as a tuple, chat as the user message's text."""
+        return [
+            tuple(payload["prompt"]) if path == "/completions" else payload["messages"][0]["content"]
+            for path, payload, _ in self.requests
+        ]
+
+
+SMALL_RUN = ["--prefill-tokens", "64", "--kinds", "code", "--concurrency", "1", "--repetitions", "2"]
+
+
+def run_bench(out: Path, monkeypatch, endpoint: FakeEndpoint, *extra: str) -> tuple[int, dict]:
+    """main() against the fake endpoint, writing into ``out``; the exit code and bench.json."""
+    monkeypatch.setattr(bench, "Client", lambda *_: endpoint)
+    monkeypatch.setattr(bench, "chart", lambda summary, meta, path: path.write_bytes(b"\x89PNG"))
+    argv = ["run", "--base-url", "http://h/v1", "--api-key-env", "NO_SUCH_VARIABLE", "--out-dir", str(out)]
+    code = bench.main([*argv, *SMALL_RUN, *extra])
+    return code, json.loads((out / "bench.json").read_text())
+
+
+def measured(results: dict) -> list[tuple[str, int]]:
+    return [(s["metric"], s["repetition"]) for s in results["samples"]]
+
+
+def test_a_warm_up_request_runs_first_and_is_not_counted(tmp_path, monkeypatch):
+    warmed, cold = FakeEndpoint(), FakeEndpoint()
+    code, with_warmup = run_bench(tmp_path / "on", monkeypatch, warmed)
+    assert code == 0
+    path, payload, stop_after = warmed.requests[0]
+    assert path == "/chat/completions" and payload["messages"][0]["content"].endswith(bench.WARMUP_PROMPT)
+    assert stop_after == bench.WARMUP_CHUNKS, "the warm-up is cut short, never capped"
+    assert with_warmup["meta"]["warmup"] == {
+        "ran": True,
+        "output_chunks": bench.WARMUP_CHUNKS,
+        "seconds": 3.0,
+    }
+    assert "after one warm-up request" in (tmp_path / "on" / "bench.md").read_text()
+
+    code, without = run_bench(tmp_path / "off", monkeypatch, cold, "--no-warmup")
+    assert code == 0 and cold.requests[0][0] == "/completions"
+    assert len(warmed.requests) == len(cold.requests) + 1
+    assert without["meta"]["warmup"] == {"ran": False}
+    expected = [("prefill_64", 1), ("prefill_64", 2), ("decode_code_c1", 1), ("decode_code_c1", 2)]
+    assert measured(with_warmup) == measured(without) == expected
+    assert with_warmup["summary"] == without["summary"]
+
+
+def test_every_request_has_a_prompt_of_its_own(tmp_path, monkeypatch):
+    """Across kinds, depths, streams and repetitions: a shared prompt would hit the prefix cache."""
+    endpoint = FakeEndpoint()
+    many = ["--prefill-tokens", "64", "128", "--kinds", "prose", "code", "--concurrency", "1", "2"]
+    code, _ = run_bench(
+        tmp_path, monkeypatch, endpoint, *many, "--repetitions", "3", "--decode-context", "256"
+    )
+    assert code == 0
+    prompts = endpoint.prompts()
+    # warm-up + 2 sizes x 3 repetitions + 2 depths x 2 kinds x (1 + 2 streams) x 3 repetitions
+    assert len(prompts) == 1 + 6 + 36
+    assert len(set(prompts)) == len(prompts)
+    chat = [p for p in prompts if isinstance(p, str)]
+    assert len({tuple(p.split()[:2]) for p in chat}) == len(chat), "distinct from the first words on"
+
+
+def test_decode_after_a_long_prompt_is_measured_and_reported(tmp_path, monkeypatch):
+    endpoint = FakeEndpoint()
+    depths = ["--concurrency", "1", "2", "--decode-context", "2048", "5000"]
+    code, results = run_bench(tmp_path, monkeypatch, endpoint, *depths, "--repetitions", "1")
+    assert code == 0
+    decodes = ["c1", "c2", "c2_aggregate"]
+    assert list(results["summary"]) == [
+        "prefill_64",
+        *(f"decode_code_{c}" for c in decodes),
+        *(f"decode_code_2k_{c}" for c in decodes),
+        *(f"decode_code_5000_{c}" for c in decodes),
+    ]
+    assert results["summary"]["decode_code_2k_c2"]["median"] == pytest.approx(20.0)
+    assert results["summary"]["decode_code_2k_c2_aggregate"]["median"] == pytest.approx(40.0)
+    assert results["meta"]["decode_context_tokens"] == [2048, 5000]
+    at_2k = [s for s in results["samples"] if s["metric"].startswith("decode_code_2k_c2")]
+    assert at_2k and all(s["detail"]["context_tokens"] == 2048 for s in at_2k)
+    assert all(s["detail"]["prompt_tokens"] == [2048, 2048] for s in at_2k), "a prompt of N words"
+    table = (tmp_path / "bench.md").read_text()
+    assert "| decode code at 2k, 2 streams, aggregate | 40.0 | - | - |" in table
+    assert "| decode code at 5000, 1 stream | 20.0 | - | - |" in table
+
+
+def test_the_chart_has_a_panel_for_decode_after_a_long_prompt(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    titles: list[str] = []
+    monkeypatch.setattr(plt.Axes, "set_title", lambda axis, title, *a, **k: titles.append(title))
+    summary = {name: {"median": 10.0} for name in ("prefill_8k", "decode_code_c1", "decode_code_32k_c1")}
+    bench.chart(summary, {"model": "m", "base_url": "u", "date": "d"}, tmp_path / "c.png")
+    assert titles == ["Prefill", "Decode", "Decode after a long prompt"]
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_greedy_sends_temperature_0_with_every_request(tmp_path, monkeypatch, greedy):
+    endpoint = FakeEndpoint()
+    flag = "--greedy" if greedy else "--no-greedy"
+    code, results = run_bench(tmp_path, monkeypatch, endpoint, flag, "--decode-context", "128")
+    assert code == 0
+    payloads = [payload for _, payload, _ in endpoint.requests]
+    assert {"/completions", "/chat/completions"} == {path for path, _, _ in endpoint.requests}
+    if greedy:
+        assert all(payload["temperature"] == 0 for payload in payloads)
+    else:
+        assert not any("temperature" in payload for payload in payloads)
+    capped = {"max_tokens", "max_completion_tokens", "top_p"}
+    assert not any(capped & set(payload) for payload in payloads), "no cap and no other sampling setting"
+    assert results["meta"]["greedy"] is greedy
+    assert results["meta"]["sampling"] == ({"temperature": 0} if greedy else {})
+    assert ("greedy sampling (temperature 0)" in (tmp_path / "bench.md").read_text()) is greedy
+
+
+def test_results_are_on_disk_after_every_measurement(tmp_path, monkeypatch):
+    endpoint = FakeEndpoint()
+    on_disk: list[tuple[int, int]] = []
+
+    def look(_count: int) -> None:
+        results = json.loads((tmp_path / "bench.json").read_text())
+        on_disk.append((results["meta"]["measurements"], len(results["samples"])))
+
+    endpoint.on_request = look
+    written: list[Path] = []
+    write = bench.write_atomically
+    monkeypatch.setattr(
+        bench, "write_atomically", lambda path, data: (written.append(path), write(path, data))
+    )
+    code, results = run_bench(tmp_path, monkeypatch, endpoint)
+    assert code == 0
+    # at each request: warm-up, prefill 1, prefill 2, decode 1, decode 2
+    assert on_disk == [(0, 0), (0, 0), (1, 1), (2, 2), (3, 3)]
+    assert results["meta"]["status"] == "complete" and results["meta"]["measurements"] == 4
+    assert written.count(tmp_path / "bench.json") == 1 + 4 + 1, "at the start, per measurement, at the end"
+
+
+def test_a_failure_keeps_what_was_measured_and_says_so(tmp_path, monkeypatch, capsys):
+    endpoint = FakeEndpoint(fail_at=4)  # warm-up, two prefills, then the endpoint answers 503
+    code, results = run_bench(tmp_path, monkeypatch, endpoint)
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("benchmark failed: POST /v1/chat/completions: HTTP 503")
+    assert err.endswith(f"the 2 measurement(s) done before are in {tmp_path / 'bench.json'}")
+    assert results["meta"]["status"] == "failed" and "HTTP 503" in results["meta"]["error"]
+    assert measured(results) == [("prefill_64", 1), ("prefill_64", 2)]
+    assert results["summary"]["prefill_64"] == {"median": 128.0, "min": 128.0, "max": 128.0, "repetitions": 2}
+    assert "**Incomplete (failed: POST /v1/chat/completions: HTTP 503" in (tmp_path / "bench.md").read_text()
+    assert (tmp_path / "bench.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md", "bench.png"]
+
+
+def test_an_interrupted_run_keeps_what_was_measured(tmp_path, monkeypatch, capsys):
+    endpoint = FakeEndpoint(interrupt_at=3)  # Ctrl-C during the second prefill
+    code, results = run_bench(tmp_path, monkeypatch, endpoint)
+    assert code == 130
+    assert (
+        "benchmark interrupted: stopped by SIGINT; the 1 measurement(s) done before"
+        in capsys.readouterr().err
+    )
+    assert results["meta"]["status"] == "interrupted"
+    assert measured(results) == [("prefill_64", 1)]
+
+
+def test_a_file_is_replaced_in_one_step_or_not_at_all(tmp_path, monkeypatch):
+    target = tmp_path / "bench.json"
+    target.write_text("old")
+    renames: list[tuple[Path, Path]] = []
+    real_replace = os.replace
+    monkeypatch.setattr(
+        os, "replace", lambda src, dst: (renames.append((Path(src), Path(dst))), real_replace(src, dst))
+    )
+    bench.write_atomically(target, b"new")
+    assert target.read_text() == "new" and target.stat().st_mode & 0o777 == 0o644
+    ((temp, dest),) = renames
+    assert dest == target and temp.parent == tmp_path and temp != target, "a temporary file beside it"
+
+    def disk_full(src, dst):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with pytest.raises(OSError, match="no space"):
+        bench.write_atomically(target, b"newer")
+    assert target.read_text() == "new" and list(tmp_path.iterdir()) == [target], "old content, no leftovers"
+
+
+# --- the role: every variable documented, typed and handed to the program ----------------------------
+
+ROLE = PROGRAM.parents[1]
+
+
+def test_every_role_variable_is_commented_typed_and_passed_to_the_program():
+    defaults_text = (ROLE / "defaults" / "main.yml").read_text()
+    defaults = yaml.safe_load(defaults_text)
+    options = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]
+    tasks = (ROLE / "tasks" / "main.yml").read_text()
+    assert set(defaults) == set(options["options"])
+    assert [name for name in defaults if name not in tasks] == []
+    new = {
+        "bench_decode_context_tokens": ([], "list"),
+        "bench_warmup": (True, "bool"),
+        "bench_greedy": (False, "bool"),
+    }
+    lines = defaults_text.splitlines()
+    for name, (default, kind) in new.items():
+        assert defaults[name] == default == options["options"][name]["default"]
+        assert options["options"][name]["type"] == kind
+        above = lines[lines.index(f"{name}: {json.dumps(default)}") - 1]
+        assert above.startswith("#"), f"{name} has a comment"
+    for flag in ("--decode-context", "'--warmup' if bench_warmup", "'--greedy' if bench_greedy"):
+        assert flag in tasks
