@@ -94,6 +94,11 @@ def test_overrides_of_the_original_scripts_reach_the_ranks(lab):
         assert wait_for(lambda: http_status(MODELS_URL, {"Authorization": f"Bearer {new_key}"}) == 200, 90)
         assert time.monotonic() - started >= 25
         assert http_status(MODELS_URL, {"Authorization": f"Bearer {old_key}"}) == 401
+        # The clients take the key from the same file.
+        smoke, _ = run_playbook(
+            "playbooks/smoke.yml", "-e", json.dumps({"dsv41_api_key_file": overrides["dsv41_api_key_file"]})
+        )
+        assert smoke.returncode == 0 and new_key not in smoke.stdout, smoke.stdout[-3000:]
     finally:
         restored, _ = site("--tags", "rank")
         lab.ssh("head", f"rm -f {key_file}")
