@@ -1,9 +1,10 @@
 """The reference serving configuration (shared/spec/reference-config.md), written out once.
 
-The ``vllm serve`` arguments and environment are transcribed verbatim (a unit test checks the
-transcription against the spec when it is at hand); ``reference_vllm_argv`` and
-``reference_vllm_env`` turn them into the exact argv/env of one rank. The stand-in engine's
-tests, the lab acceptance tests and the rank role's tests all compare against these.
+The ``vllm serve`` arguments and environment are transcribed verbatim (checked against the spec
+by ``tests/unit/test_reference_config.py``: always in CI, elsewhere when the spec is at hand);
+``reference_vllm_argv`` and ``reference_vllm_env`` turn them into the exact argv/env of one rank.
+The stand-in engine's tests, the lab acceptance tests and the rank role's tests all compare
+against these.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Helpers for the lab stand-in tests: the reference command line, tiny PNGs, real processes.
 
-The reference command line itself lives in ``tests/reference_config.py``.
+The reference command line itself lives in ``tests/reference_config.py``. The stand-in engine is
+the package ``lab/standins/engine/vllm_standin``; ``standin_command`` runs it the way the
+``vllm`` launcher does (``python3 -m vllm_standin`` with the engine directory on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 import socket
 import struct
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,19 +21,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference_config import (  # noqa: F401 - re-exported for the stand-in tests
-    REFERENCE_ENV,
-    REFERENCE_HEAD_ADDS,
-    REFERENCE_VLLM_ARGS,
-    REFERENCE_WORKER_ADDS,
-    reference_vllm_argv,
-    reference_vllm_env,
-)
+from reference_config import reference_vllm_argv, reference_vllm_env
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_DIR = REPO_ROOT / "lab" / "standins" / "engine"
-STANDIN = ENGINE_DIR / "vllm_standin.py"
-SPEC = REPO_ROOT.parent / "shared" / "spec" / "reference-config.md"
+STANDIN = ENGINE_DIR / "vllm_standin"  # the package; ENGINE_DIR is what goes on PYTHONPATH
+STANDIN_MODULE = STANDIN.name
+
+
+def standin_command(*args: str) -> list[str]:
+    """The stand-in's ``vllm`` command line, as the launcher runs it: ``python3 -m vllm_standin``."""
+    return [sys.executable, "-m", STANDIN_MODULE, *args]
+
+
+def standin_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with ENGINE_DIR first on PYTHONPATH, as the launcher sets it."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENGINE_DIR), env.get("PYTHONPATH")]))
+    return env
+
 
 # --- tiny PNG encoder (all five filter types), so vision tests need no imaging library ---------
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HUB_DIR = REPO_ROOT / "lab" / "standins" / "hub"
 REPO_ID = "0xSero/DeepSeek-V4.1-Flash-Spark"
 SIZE_MB = 4

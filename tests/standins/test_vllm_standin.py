@@ -10,28 +10,20 @@ from __future__ import annotations
 
 import base64
 import http.client
-import importlib.util
 import json
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from standin_support import (
     API_KEY,
     ENGINE_DIR,
-    REFERENCE_HEAD_ADDS,
-    REFERENCE_VLLM_ARGS,
-    REFERENCE_WORKER_ADDS,
-    SPEC,
-    STANDIN,
     Rank,
     encode_png,
     free_port,
@@ -39,26 +31,18 @@ from standin_support import (
     make_node_files,
     node_env,
     reference_vllm_argv,
+    standin_command,
+    standin_env,
     start_cluster,
 )
+from vllm_standin import answers, cli, png  # importable: conftest puts ENGINE_DIR on sys.path
+from vllm_standin.settings import Settings
 
 DECODE_TPS = 200.0
 PREFILL_TPS = 4000.0
 OUTPUT_TOKENS = 300
 MODEL = "deepseek-v4.1-flash"
 USER_AGENT = "standin-test/1"
-
-
-def load_standin() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_standin", STANDIN)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_standin"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-standin = load_standin()
 
 
 # --- HTTP helpers -----------------------------------------------------------------------------
@@ -159,15 +143,6 @@ def head(cluster: list[Rank]) -> Rank:
 # --- the reference transcription and the CLI --------------------------------------------------
 
 
-@pytest.mark.skipif(not SPEC.is_file(), reason="reference-config.md is not next to this checkout")
-def test_reference_transcription_matches_spec() -> None:
-    text = SPEC.read_text()
-    block = re.search(r"## vLLM arguments.*?```\n(.*?)```", text, re.S)
-    assert block and block.group(1).split() == REFERENCE_VLLM_ARGS.split()
-    assert f"`{REFERENCE_WORKER_ADDS}`" in text
-    assert " ".join(REFERENCE_HEAD_ADDS.split()) in " ".join(text.replace("`", " ").split())
-
-
 def test_reference_argv_scales_with_nodes() -> None:
     argv = reference_vllm_argv(2, nnodes=3, master_ip="198.18.0.13")
     assert argv[0] == "/model"
@@ -179,11 +154,11 @@ def test_reference_argv_scales_with_nodes() -> None:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(STANDIN), *args],
+        standin_command(*args),
         capture_output=True,
         text=True,
         timeout=20,
-        env=env,
+        env=standin_env(env),
         check=False,
     )
 
@@ -569,7 +544,7 @@ def test_png_decoder_handles_every_filter_type(alpha: bool) -> None:
         bytes((x * 37 + y * 91 + c * 53) % 256 for x in range(width) for c in range(bpp)) for y in range(10)
     ]
     for filters in ((0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)):
-        decoded = standin.decode_png(encode_png(rows, width, alpha=alpha, filters=filters))
+        decoded = png.decode_png(encode_png(rows, width, alpha=alpha, filters=filters))
         assert decoded == (width, len(rows), bpp, rows), filters
 
 
@@ -586,7 +561,7 @@ def test_png_decoder_handles_every_filter_type(alpha: bool) -> None:
     ],
 )
 def test_colour_names(rgb: tuple[int, int, int], name: str) -> None:
-    assert standin.colour_name(*rgb) == name
+    assert png.colour_name(*rgb) == name
 
 
 @pytest.mark.parametrize(
@@ -600,7 +575,7 @@ def test_colour_names(rgb: tuple[int, int, int], name: str) -> None:
     ],
 )
 def test_arithmetic(prompt: str, answer: str | None) -> None:
-    assert standin.arithmetic(prompt, wrong=False) == answer
+    assert answers.arithmetic(prompt, wrong=False) == answer
 
 
 @pytest.mark.parametrize(
@@ -612,7 +587,7 @@ def test_arithmetic(prompt: str, answer: str | None) -> None:
     ],
 )
 def test_city_extraction(prompt: str, city: str) -> None:
-    assert standin.extract_city(prompt) == city
+    assert answers.extract_city(prompt) == city
 
 
 @pytest.mark.parametrize(
@@ -626,9 +601,9 @@ def test_city_extraction(prompt: str, city: str) -> None:
 def test_wrong_city_calls_the_tool_for_a_city_not_asked_about(
     faults: str, prompt: str, city: str, tmp_path: Path
 ) -> None:
-    args = standin.build_parser().parse_args(["serve", *reference_vllm_argv(0)])
-    settings = standin.Settings.from_env({"STANDIN_FAULTS": faults}, tmp_path)
-    answer = standin.Planner(args, settings).chat(chat(prompt, tools=[WEATHER_TOOL], **NO_THINKING))
+    args = cli.build_parser().parse_args(["serve", *reference_vllm_argv(0)])
+    settings = Settings.from_env({"STANDIN_FAULTS": faults}, tmp_path)
+    answer = answers.Planner(args, settings).chat(chat(prompt, tools=[WEATHER_TOOL], **NO_THINKING))
     arguments = "".join(piece.text for piece in answer.pieces if piece.kind == "tool_args")
     assert answer.tool_name == "get_weather" and answer.finish_reason == "tool_calls"
     assert json.loads(arguments) == {"city": city}

@@ -7,7 +7,18 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
-from standin_support import STANDIN, Rank, reference_vllm_argv, reference_vllm_env
+from standin_support import (
+    ENGINE_DIR,
+    Rank,
+    reference_vllm_argv,
+    reference_vllm_env,
+    standin_command,
+    standin_env,
+)
+
+# The tests that call the stand-in's functions directly import its package from the checkout.
+if str(ENGINE_DIR) not in sys.path:
+    sys.path.insert(0, str(ENGINE_DIR))
 
 
 @pytest.fixture
@@ -32,7 +43,7 @@ def start_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
         log = logs / f"rank-{len(started)}.log"
         with log.open("wb") as handle:
             # As the image's entrypoint does: `vllm serve` before the container's arguments.
-            proc = subprocess.Popen([sys.executable, str(STANDIN), "serve", *argv], env=env, stderr=handle)
+            proc = subprocess.Popen(standin_command("serve", *argv), env=standin_env(env), stderr=handle)
         rank = Rank(proc, log, env, port)
         started.append(rank)
         return rank
