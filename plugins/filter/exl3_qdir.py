@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Filter plugin: rewrite an EXL3 plan's ``qdir`` to container bank paths."""
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ DOCUMENTATION = r"""
 name: exl3_qdir
 short_description: Point the bank directories of an EXL3 plan's qdir at the container mount
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Takes a C(qdir) value (bank directories joined by C(:), for example C(qn:q31:q31s)) and replaces
     every entry by C(<bank_root>/<last path component>).

@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Filter plugin vllm_rank_env: see DOCUMENTATION."""
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ DOCUMENTATION = r"""
 name: vllm_rank_env
 short_description: The environment of one rank container of the reference deployment
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Renders the measured reference environment with this node's fabric facts.
 options:

@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """The serving API key: generated once, kept on re-runs, handed to vLLM through a root-only env file.
 
 Nothing here logs or returns the key; callers get a fingerprint instead.

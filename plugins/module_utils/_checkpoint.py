@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Engram shard reassembly and checkpoint verification for sparkserve.dsv41.
 
 Internal to sparkserve.dsv41; not a public API. Stdlib only, Python 3.10+, no Ansible
@@ -210,7 +213,7 @@ class _WriteBehind:
             return
         _SYNC_FILE_RANGE(self.fd, offset, length, _SFR_WRITE)
         self.pending.append((offset, length))
-        while sum(length for _, length in self.pending) > WRITE_BEHIND:
+        while sum(pending_length for _offset, pending_length in self.pending) > WRITE_BEHIND:
             old_offset, old_length = self.pending.pop(0)
             _SYNC_FILE_RANGE(self.fd, old_offset, old_length, _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
             _fadvise(self.fd, old_offset, old_length, _DONTNEED)
@@ -289,7 +292,7 @@ def order_parts(base: str, names: Iterable[str]) -> tuple[list[tuple[int, str]],
             found.append((int(match.group("index")), name))
     found.sort()
     problem = None
-    indexes = [index for index, _ in found]
+    indexes = [index for index, _name in found]
     if found:
         repeated = sorted({i for i in indexes if indexes.count(i) > 1})
         missing = sorted(set(range(max(indexes) + 1)) - set(indexes))

@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """The EXL3 plan copy: the same plan with its ``qdir`` bank paths pointing at the container mount.
 
 The plan in the checkpoint names its banks relative to ``exl3/`` (``qn:q31:q31s``); inside the

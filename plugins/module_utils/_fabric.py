@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """RDMA fabric discovery on DGX Spark nodes, as pure functions behind ``fabric_info``.
 
 Reads ``<sysfs_root>/class/infiniband`` and ``<sysfs_root>/class/net`` plus the JSON printed

@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Writing files the way every part of this collection does: atomically, mode first.
 
 Internal to sparkserve.dsv41; not a public API. Stdlib only (no Ansible import), so pure code

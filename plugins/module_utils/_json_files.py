@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Reading, parsing and planning small text/JSON files the way this collection's modules do.
 
 Internal to sparkserve.dsv41; not a public API. Stdlib only: runs on the managed node.

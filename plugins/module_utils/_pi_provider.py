@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """The Pi coding agent's view of the endpoint: one provider in ``models.json``, a few settings.
 
 Only our provider entry and the settings we own are changed; everything else in the user's Pi

@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """The vLLM command line and environment of one rank, as measured in the reference deployment.
 
 Internal to sparkserve.dsv41; not a public API. Pure functions: the rank role renders them

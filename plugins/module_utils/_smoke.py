@@ -1,3 +1,6 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Smoke checks of an OpenAI-compatible endpoint: the requests, and the judgement of the answers.
 
 Pure functions: the HTTP transport is passed in (``Client``), so every check is tested on captured
@@ -15,7 +18,7 @@ import unicodedata
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 CHECKS = ("text", "tool_call", "vision", "reasoning", "stream")
 TEXT_PROMPT = "What is 17 * 23?"
@@ -50,8 +53,14 @@ class Reply:
     error: str = ""
 
 
-# (path, payload, stream) -> Reply; a payload of None is a GET
-Client = Callable[[str, dict[str, Any] | None, bool], Reply]
+class Client(Protocol):
+    """The HTTP transport: ``client(path, payload, stream)`` -> Reply; a payload of None is a GET.
+
+    A protocol rather than a ``Callable[...]`` alias: the alias was evaluated at import, and its
+    ``X | None`` fails on a node with Python older than 3.10; annotations are never evaluated.
+    """
+
+    def __call__(self, path: str, payload: dict[str, Any] | None, stream: bool, /) -> Reply: ...
 
 
 @dataclass(frozen=True)
@@ -230,7 +239,7 @@ JUDGES: dict[str, Callable[[Reply], Result]] = {
 def reported_usage(reply: Reply) -> dict[str, int] | None:
     """prompt_tokens and completion_tokens of the answer's ``usage`` (a stream's last usage chunk)."""
     if reply.lines:
-        events, _ = stream_events(reply.lines)
+        events, _done = stream_events(reply.lines)
         usages = [event["usage"] for event in events if isinstance(event.get("usage"), dict)]
         usage = usages[-1] if usages else None
     else:

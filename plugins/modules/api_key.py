@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: generate the serving API key once and keep it; never show it."""
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ DOCUMENTATION = r"""
 module: api_key
 short_description: Generate the bearer key of the vLLM endpoint once, keep it, and never show it
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Creates the API key file with a new key and mode C(0600) when the file is missing or blank. The key
     is 32 random bytes from Python's C(secrets), URL-safe base64 without padding (what
@@ -67,12 +70,16 @@ options:
       - Group of O(env_file) when it must differ from O(group).
       - Requires O(env_file).
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
     details: No diff is returned, because it would contain the key.
+  platform:
+    platforms: posix
 notes:
   - In check mode a key that would be generated has no fingerprint yet; RV(fingerprint) is then V(null).
 """

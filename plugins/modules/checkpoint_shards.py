@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Rebuild the split Engram shards of the checkpoint and verify it against its manifest."""
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ DOCUMENTATION = r"""
 module: checkpoint_shards
 short_description: Rebuild split checkpoint shards and verify the checkpoint against its manifest
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Hugging Face caps files at 50 GB, so the large shards of the DeepSeek-V4.1-Flash checkpoint
     (C(model-00005-of-00006.safetensors) and C(model-00006-of-00006.safetensors)) are stored as
@@ -114,6 +117,8 @@ options:
         changes. Only a file that cannot be read or a state file that cannot be written fails.
     type: bool
     default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -121,6 +126,8 @@ attributes:
   diff_mode:
     support: none
     details: The result lists per file what was (or would be) done; there is no text diff.
+  platform:
+    platforms: posix
 notes:
   - Check mode reads no file data - hashing 462 GB is not a dry run - and writes or deletes
     nothing. It reports the planned actions (C(would_verify), C(would_rebuild)) and trusts files
@@ -170,6 +177,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+changed:
+  description:
+    - Whether a shard was rebuilt, parts or a temporary file deleted, or O(state_file) updated; in
+      check mode, whether a real run would do any of that.
+  returned: always
+  type: bool
+  sample: false
 files:
   description: What was done (or, in check mode, would be done) for each manifest entry, in manifest order.
   returned: always

@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: write a node's copy of the EXL3 plan with container bank paths."""
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ DOCUMENTATION = r"""
 module: exl3_plan
 short_description: Copy the EXL3 plan with its bank paths rewritten for the rank containers
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Reads the EXL3 plan JSON from the model directory on the managed node and writes a copy whose
     C(qdir) field points at the banks as the rank containers see them.
@@ -41,11 +44,15 @@ options:
       - Permissions of the copy, as an octal string (quote it in YAML, for example C('0644')).
     type: raw
     default: '0644'
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
 notes:
   - The pure rewrite is available to other code as
     C(ansible_collections.sparkserve.dsv41.plugins.module_utils._exl3_plan.rewrite_qdir) and as the

@@ -1,6 +1,7 @@
 #!/usr/bin/python
-# Copyright: sparkserve maintainers
-# Apache License 2.0 (see galaxy.yml)
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: discover a DGX Spark node's RDMA fabric (read-only)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ DOCUMENTATION = r"""
 module: fabric_info
 short_description: Discover the RDMA/RoCE fabric of a DGX Spark node
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Reads the RDMA devices under C(<sysfs_root>/class/infiniband), their netdevs, port state,
     link layer and RoCE v2 GID table, the netdevs' MTU, operstate and carrier from
@@ -64,6 +65,8 @@ seealso:
   - name: NCCL environment variables
     description: C(NCCL_IB_HCA), C(NCCL_IB_GID_INDEX), C(NCCL_SOCKET_IFNAME).
     link: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -71,6 +74,8 @@ attributes:
   diff_mode:
     support: none
     details: Nothing is changed, so there is no diff.
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""

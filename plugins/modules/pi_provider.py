@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: register the DGX Spark endpoint as a provider of the Pi coding agent."""
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ DOCUMENTATION = r"""
 module: pi_provider
 short_description: Add or replace the dsv41-sparks provider in the Pi coding agent's configuration
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Adds or replaces only the O(name) provider (C(dsv41-sparks)) under C(providers) in Pi's
     C(models.json), with one model (C(deepseek-v4.1-flash)) - reasoning, text and image input,
@@ -72,6 +75,8 @@ options:
       - Copy each existing file to C(<file>.<YYYYmmddTHHMMSS>.bak) before changing it.
     type: bool
     default: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -80,6 +85,8 @@ attributes:
     details:
       - The diff shows the JSON content of each changed file; C(apiKey) and C(headers) values of other
         providers are masked.
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -183,8 +190,8 @@ def main() -> None:
             "name": {"type": "str", "default": PROVIDER_NAME},
             "model_id": {"type": "str", "default": MODEL_ID},
             "context_window": {"type": "int", "default": CONTEXT_WINDOW},
-            "max_tokens": {"type": "int", "default": MAX_TOKENS},
-            "api_key_env": {"type": "str", "default": API_KEY_ENV},
+            "max_tokens": {"type": "int", "default": MAX_TOKENS, "no_log": False},  # a token count
+            "api_key_env": {"type": "str", "default": API_KEY_ENV, "no_log": False},  # a name, not the key
             "config_dir": {"type": "path"},
             "set_default": {"type": "bool", "default": False},
             "enable_model": {"type": "bool", "default": True},

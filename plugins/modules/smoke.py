@@ -1,4 +1,7 @@
 #!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: smoke-test an OpenAI-compatible endpoint (text, tool call, vision, reasoning, stream)."""
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ DOCUMENTATION = r"""
 module: smoke
 short_description: Prove that an OpenAI-compatible endpoint answers correctly
 version_added: 0.1.0
-author: sparkserve maintainers
+author: sparkserve maintainers (@sparkserve)
 description:
   - Asks the endpoint one question per check and judges the answer. C(text) - C(What is 17 * 23?)
     must contain C(391). C(tool_call) - asked about the weather in Hanoi with a C(get_weather) tool
@@ -51,12 +54,16 @@ options:
       - The C(sparkserve.dsv41.smoke) role passes its C(smoke_timeout_seconds), of the same default.
     type: int
     default: 3600
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: The checks only read from the endpoint; they run in check mode too.
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""

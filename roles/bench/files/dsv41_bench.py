@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark an OpenAI-compatible endpoint as the reference numbers were measured.
 
 Prefill: fresh random token ids per repetition, sent to ``/v1/completions`` with streaming;
@@ -149,7 +148,7 @@ def aggregate_rate(timings: list[Timing]) -> float:
 
 def random_token_ids(rng: random.Random, count: int) -> list[int]:
     low, high = TOKEN_ID_RANGE
-    return [rng.randrange(low, high) for _ in range(count)]
+    return [rng.randrange(low, high) for _token in range(count)]
 
 
 def size_label(tokens: int) -> str:
@@ -241,7 +240,7 @@ def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) 
         ("Decode after a long prompt", [n for n in summary if at_depth(n)]),
     ]
     groups = [(title, names) for title, names in groups if names]
-    widths = [max(2, len(names)) for _, names in groups]
+    widths = [max(2, len(names)) for _title, names in groups]
     size = (1.6 * sum(widths) + 1.5 * len(groups), 5)
     layout = {"figsize": size, "squeeze": False, "gridspec_kw": {"width_ratios": widths}}
     figure, axes = plt.subplots(1, len(groups), **layout)
@@ -316,7 +315,7 @@ class Prompts:
             return f"{tag} {task}"
         fixed = f"{tag} {CONTEXT_INTRO} Task: {task}"
         count = max(0, context_tokens - len(fixed.split()))
-        context = " ".join(self.rng.choice(CONTEXT_WORDS) for _ in range(count))
+        context = " ".join(self.rng.choice(CONTEXT_WORDS) for _word in range(count))
         return f"{tag} {CONTEXT_INTRO}\n\n{context}\n\nTask: {task}"
 
     def token_ids(self, count: int) -> list[int]:
@@ -474,7 +473,9 @@ def run_decode(
         for conc in concurrencies:
             metric = decode_metric(kind, conc, context_tokens)
             for rep in range(1, plan.repetitions + 1):
-                payloads = [plan.chat_payload(plan.prompts.chat(kind, context_tokens)) for _ in range(conc)]
+                payloads = [
+                    plan.chat_payload(plan.prompts.chat(kind, context_tokens)) for _stream in range(conc)
+                ]
                 done = concurrent_streams(plan.client, "/chat/completions", payloads)
                 rates = [decode_rate(t) for t in done]
                 detail: dict[str, Any] = {
@@ -643,7 +644,7 @@ def _job_finished(job: Path) -> bool:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
     go = commands.add_parser("run", help="run the benchmark")
     go.add_argument("--base-url", required=True, help="http(s)://host:port/v1")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Checkpoint helper of the sparkserve.dsv41 ``checkpoint`` role.
 
 Sub-commands (each prints one JSON document on stdout; errors also go to stderr):

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Memory guard for DeepSeek-V4.1-Flash serving nodes (NVIDIA DGX Spark / GB10).
 
 A GB10 shares one 128 GB LPDDR pool between CPU and GPU. When MemAvailable reaches 0 the host

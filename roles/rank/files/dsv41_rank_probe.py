@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """One look at a rank during start-up: is the API ready, or is this node's rank gone?
 
 Exit 0: the API answers (``--health-url`` 200, and ``--models-url`` 200 with the key when given).
