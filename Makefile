@@ -1,6 +1,6 @@
 # The two commands a new user needs (see README.md):
 #   make lab    bring the lab up and run the main job (site.yml) on it
-#   make test   the whole test suite: linters, unit tests, lab acceptance, molecule
+#   make test   the whole suite: linters, ansible-test sanity, unit tests, the stand-ins, lab acceptance, molecule
 # Both work from a fresh clone as root: they install what they need.
 
 SHELL := /bin/bash
