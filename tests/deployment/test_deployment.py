@@ -227,7 +227,7 @@ def test_bad_variables_fail_in_preflight_naming_the_variable(override, named):
     run, _ = site("-e", override)
     assert run.returncode != 0
     assert named in run.stdout
-    assert "PLAY [Put the verified checkpoint" not in run.stdout, "nothing after preflight ran"
+    assert "TASK [sparkserve.dsv41.checkpoint" not in run.stdout, "nothing after preflight ran"
     assert changed_nothing(run), run.stdout[-3000:]
 
 

@@ -8,7 +8,7 @@ import shlex
 import time
 
 import pytest
-from deployment_support import MODEL_DIR, STATE_DIR, api_key, recap, run_playbook, site
+from deployment_support import MODEL_DIR, STATE_DIR, api_key, run_playbook, site
 from lab_support import MGMT_ADDRESS, STATE, http_status, labctl, wait_for
 
 RANKS = {"head": 0, "worker": 1}
@@ -134,7 +134,7 @@ def test_a_model_directory_prepared_by_download_sh_is_adopted_without_downloadin
 
     again, _ = site("--tags", "checkpoint")
     assert again.returncode == 0, again.stdout[-3000:]
-    assert recap(again.stdout)["head"]["changed"] == 0, again.stdout[-3000:]
+    assert again.stats["head"]["changed"] == 0, again.stdout[-3000:]
     assert "shards in place match the manifest" not in again.stdout, "the record is trusted: nothing read"
     assert "0.00 Bytes read" in again.stdout
 

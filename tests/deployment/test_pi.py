@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from deployment_support import STATE_DIR, api_key, changed_nothing, run_playbook
+from deployment_support import STATE_DIR, PlaybookRun, api_key, changed_nothing, run_playbook
 
 MODEL = "dsv41-sparks/deepseek-v4.1-flash"
 REQUEST_LOG = f"{STATE_DIR}/cache/standin-requests.jsonl"
@@ -20,7 +20,7 @@ def pi_home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("pi")
 
 
-def pi_playbook(home: Path, *args: str) -> subprocess.CompletedProcess:
+def pi_playbook(home: Path, *args: str) -> PlaybookRun:
     paths = {"pi_prefix": home / "prefix", "pi_bin_dir": home / "bin", "pi_config_dir": home / "agent"}
     extra = [arg for name, path in paths.items() for arg in ("-e", f"{name}={path}")]
     run, _ = run_playbook("playbooks/pi.yml", *extra, *args)
