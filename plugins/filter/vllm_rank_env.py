@@ -11,18 +11,19 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._rank import vllm
 DOCUMENTATION = r"""
 ---
 name: vllm_rank_env
-short_description: The environment of one rank container of the reference deployment
+short_description: The environment of one rank container of the deployment
 version_added: 0.1.0
 author: sparkserve maintainers (@sparkserve)
 description:
-  - Renders the measured reference environment with this node's fabric facts.
+  - Renders the reference environment with this node's fabric facts and the settings given.
+  - No setting has a default here. The rank role passes its variables and the fabric facts.
 options:
   _input:
     description:
-      - The settings as a dict. Required keys are C(ifname), C(hcas) (the C(NCCL_IB_HCA) value)
-        and C(host_ip) (C(VLLM_HOST_IP)).
-      - Optional keys are C(gid_index) (default 3), C(plan_name) (default C(J268-ho-v31-K5n.json))
-        and C(extra), variables that are added or override the reference ones.
+      - The settings as a dict. Every key is required - C(ifname), C(hcas) (the C(NCCL_IB_HCA) value),
+        C(host_ip) (C(VLLM_HOST_IP)), C(gid_index) (C(NCCL_IB_GID_INDEX)) and C(plan_name) (the EXL3 plan
+        under C(/plans/)) - except C(extra), variables that are added or override the reference ones
+        (none when left out).
     type: dict
     required: true
 """
@@ -30,8 +31,10 @@ options:
 EXAMPLES = r"""
 - name: Show the head's environment
   ansible.builtin.debug:
-    msg: "{{ {'ifname': 'enp1s0f1np1', 'hcas': 'rocep1s0f1,roceP2p1s0f1', 'host_ip': '198.18.0.13'}
-      | sparkserve.dsv41.vllm_rank_env }}"
+    msg: >-
+      {{ {'ifname': 'enp1s0f1np1', 'hcas': 'rocep1s0f1,roceP2p1s0f1', 'host_ip': '198.18.0.13',
+          'gid_index': 3, 'plan_name': rank_plan_name}
+         | sparkserve.dsv41.vllm_rank_env }}
 """
 
 RETURN = r"""

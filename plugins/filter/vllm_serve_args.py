@@ -11,30 +11,41 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._rank import vllm
 DOCUMENTATION = r"""
 ---
 name: vllm_serve_args
-short_description: The arguments after C(vllm serve) for one rank of the reference deployment
+short_description: The arguments after C(vllm serve) for one rank of the deployment
 version_added: 0.1.0
 author: sparkserve maintainers (@sparkserve)
 description:
-  - Renders the measured reference command line for one rank; settings left out keep their
-    reference value.
+  - Renders one rank's command line in the reference deployment's order from the settings given.
+  - No setting has a default here. The rank role passes its C(rank_*) and C(dsv41_*) variables,
+    whose defaults are the reference values.
 options:
   _input:
     description:
-      - The settings as a dict. Required keys are C(node_rank) (0 for the head, i for worker i),
-        C(nnodes) and C(master_addr) (the head's fabric IPv4).
-      - Optional keys, reference value by default, are C(master_port), C(served_model_name),
+      - The settings as a dict. Every key is required - C(node_rank) (0 for the head, i for worker i),
+        C(nnodes), C(master_addr) (the head's fabric IPv4), C(master_port), C(served_model_name),
         C(kv_cache_memory_bytes), C(gpu_memory_utilization), C(max_model_len), C(max_num_seqs),
-        C(max_num_batched_tokens), C(num_speculative_tokens), C(cudagraph_mode), C(api_port),
-        C(extra_args) (appended to the head's arguments) and C(model).
+        C(max_num_batched_tokens), C(num_speculative_tokens), C(cudagraph_mode) and C(api_port) -
+        except three that may be left out - C(capture_sizes) (CUDA graph capture sizes; empty or
+        left out derives them from C(max_num_seqs) and C(num_speculative_tokens)), C(extra_args)
+        (appended to the head's arguments; none when left out) and C(model) (the checkpoint's path
+        inside the container, C(/model) when left out).
     type: dict
     required: true
 """
 
 EXAMPLES = r"""
-- name: Show the worker's arguments
+- name: Show the worker's arguments with the rank role's settings
   ansible.builtin.debug:
-    msg: "{{ {'node_rank': 1, 'nnodes': 2, 'master_addr': '198.18.0.13'}
-      | sparkserve.dsv41.vllm_serve_args }}"
+    msg: >-
+      {{ {'node_rank': 1, 'nnodes': 2, 'master_addr': '198.18.0.13',
+          'master_port': rank_master_port, 'served_model_name': dsv41_served_model_name,
+          'kv_cache_memory_bytes': rank_kv_cache_memory_bytes,
+          'gpu_memory_utilization': rank_gpu_memory_utilization,
+          'max_model_len': rank_max_model_len, 'max_num_seqs': rank_max_num_seqs,
+          'max_num_batched_tokens': rank_max_num_batched_tokens,
+          'num_speculative_tokens': rank_num_speculative_tokens,
+          'cudagraph_mode': rank_cudagraph_mode, 'api_port': dsv41_api_port}
+         | sparkserve.dsv41.vllm_serve_args }}
 """
 
 RETURN = r"""

@@ -19,8 +19,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._files import write_atomically
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import current_mode
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import write_atomically
 
 KEY_BYTES = 32
 # token_urlsafe(32) yields 43 characters; 32 still admits `openssl rand -hex 16`-style keys.
@@ -31,8 +30,7 @@ EXPECTED_FORM = (
     f"as written by secrets.token_urlsafe({KEY_BYTES})"
 )
 DEFAULT_ENV_VAR = "VLLM_API_KEY"  # what vLLM reads its bearer key from
-KEY_FILE_MODE = 0o600
-ENV_FILE_MODE = 0o600
+ENV_FILE_MODE = 0o600  # root-only, whatever the key file's mode
 
 
 class InvalidKeyFileError(ValueError):
@@ -127,35 +125,19 @@ def plan_key(
     return KeyPlan(key=existing, write=False, reason="kept")
 
 
-def sync_private_file(
-    module,
-    path: str,
-    *,
-    desired: bytes | None,
-    current: bytes | None,
-    mode: int,
-    owner: str | None,
-    group: str | None,
-) -> bool:
-    """Give ``path`` the ``desired`` content (``None``: keep it), ``mode``, owner and group.
+def sync_private_file(module, file_args: dict, *, desired: bytes | None, current: bytes | None) -> bool:
+    """Give ``file_args["path"]`` the ``desired`` content (``None``: keep it) and ``file_args``' attributes.
 
-    Returns whether anything changed (or would, in check mode). Writes only what differs, so
-    a kept file keeps its mtime.
+    ``file_args`` is what ``module.load_file_common_arguments`` returns (mode, owner, group,
+    SELinux context, attributes). Returns whether anything changed (or would, in check mode).
+    Writes only what differs, so a kept file keeps its mtime.
     """
     changed = False
     if desired is not None and desired != current:
         changed = True
         if not module.check_mode:
-            write_atomically(module, path, desired, mode)
-    elif current is not None and current_mode(path) != mode:
-        changed = True
-        if not module.check_mode:
-            os.chmod(path, mode)
-    # In check mode a file that is still to be created has no owner to compare yet.
-    if os.path.exists(path):
-        changed = module.set_owner_if_different(path, owner, changed)
-        changed = module.set_group_if_different(path, group, changed)
-    return changed
+            write_atomically(module, file_args["path"], desired, file_args["mode"])
+    return module.set_fs_attributes_if_different(file_args, changed)
 
 
 def owner_and_group(path: str, owner: str | None, group: str | None) -> tuple[str, str]:

@@ -20,6 +20,10 @@ The flow is plan first, act second:
 :func:`adopt_checkpoint` is the other entry point: it records the whole files of a directory
 prepared by another tool (upstream ``download.sh``) after hashing them, and changes nothing
 else (:func:`plan_adoption`, :func:`execute_adoption`, :func:`describe_adoption`).
+
+For the download and the copy: :func:`trusted_files` (the shards whose parts need not be
+fetched again) and :func:`space_report` (room for a checkpoint on a node). Progress goes to the
+collection's one progress document (``_progress``).
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from typing import Any
 
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._files import write_atomically
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import (
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
     FileContentError,
     load_json_object,
+    read_bytes,
     read_text,
+    write_atomically,
 )
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import ProgressWriter
 
 try:  # ctypes is stdlib, but some minimal Python builds ship without it.
     import ctypes
@@ -57,10 +63,7 @@ TEMP_SUFFIX = ".sparkserve-tmp"
 STATE_VERSION = 1
 DEFAULT_MANIFEST = "sha256-manifest.txt"
 DEFAULT_STATE_FILE = os.path.join(".cache", "sparkserve", "verified.json")
-DEFAULT_EXL3_BANKS = ("qn", "q31", "q31s")
-DEFAULT_EXL3_PLAN = "J268-ho-v31-K5n.json"
 EXL3_BANK_PATTERN = "L??.part.safetensors"
-PROGRESS_INTERVAL = 2.0
 # How much written data may be in flight before the writer waits for the disk: keeps dirty
 # page-cache memory bounded on a host whose RAM is shared with the GPU.
 WRITE_BEHIND = 4 * CHUNK_SIZE
@@ -144,9 +147,9 @@ class Counters:
 
 
 def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Atomically write the state and progress files, creating their directory first.
+    """Atomically write the state file, creating its directory first.
 
-    Pure code has no AnsibleModule, so ``_files.write_atomically`` renames with ``os.replace``;
+    Pure code has no AnsibleModule, so ``_file_helpers.write_atomically`` renames with ``os.replace``;
     a reader (or a crash) sees the old or the new content, never half of it.
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -157,6 +160,44 @@ def free_bytes(path: str) -> int:
     """Bytes an unprivileged writer may still use on the filesystem holding ``path``."""
     info = os.statvfs(path)
     return info.f_bavail * info.f_frsize
+
+
+def nearest_existing(path: str) -> str:
+    """``path`` itself when it exists, else its nearest existing parent."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def tree_bytes(root: str) -> int:
+    """Bytes of the regular files under ``root`` (symlinks not followed); 0 when absent."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                info = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(info.st_mode):
+                    total += info.st_size
+    return total
+
+
+def space_report(path: str) -> dict[str, Any]:
+    """Room for a checkpoint in ``path`` (which may not exist yet), from metadata only.
+
+    ``free_bytes`` on the filesystem that holds ``path`` (measured at ``measured_at``, its nearest
+    existing parent) and ``present_bytes``, what ``path`` already holds.
+    """
+    existing = nearest_existing(path)
+    return {
+        "path": os.path.abspath(path),
+        "measured_at": existing,
+        "free_bytes": free_bytes(existing),
+        "present_bytes": tree_bytes(path) if os.path.isdir(path) else 0,
+    }
 
 
 def _open_read(path: str):
@@ -374,6 +415,27 @@ def load_state(path: str, model_dir: str) -> tuple[dict[str, Record], str | None
     return records, None
 
 
+def trusted_files(
+    model_dir: str, state_file: str | None = None, manifest: str = DEFAULT_MANIFEST
+) -> list[str]:
+    """The manifest entries a run would trust without reading them, in manifest order.
+
+    Exactly :func:`is_trusted`'s files: recorded by an earlier verification and unchanged in size
+    and mtime_ns since. The download skips the parts of these shards. Empty when there is no
+    usable manifest or state file yet; never raises for a checkpoint that is not there.
+    """
+    model_dir = os.path.abspath(model_dir)
+    try:
+        entries = read_manifest(model_dir, manifest)
+        found = scan_checkpoint(model_dir, entries)
+    except (CheckpointError, OSError):
+        return []
+    records, _warning = load_state(state_file or default_state_file(model_dir), model_dir)
+    return [
+        name for name, expected in entries.items() if is_trusted(records.get(name), found[name], expected)
+    ]
+
+
 def render_state(records: dict[str, Record], model_dir: str) -> bytes:
     files = {
         name: {"size": rec.size, "mtime_ns": rec.mtime_ns, "sha256": rec.sha256}
@@ -494,46 +556,13 @@ def check_free_space(actions: list[Action], free: Callable[[str], int] | None = 
 # --------------------------------------------------------------------------- progress
 
 
-class Progress:
-    """Writes ``{phase, file, bytes_done, bytes_total, started, updated}`` every ~2 s.
+def no_progress() -> ProgressWriter:
+    """A progress document kept in memory only (no ``progress_file``).
 
-    An Ansible role starts the module with ``async`` and polls this file, because hashing
-    462 GB takes long enough that an operator wants to see it move. ``path=None``: no-op.
+    Progress is the collection's one document (``_progress.ProgressWriter``): ``done`` and
+    ``total`` are the bytes this run reads, ``detail`` the file at hand.
     """
-
-    def __init__(self, path: str | None, bytes_total: int, clock: Callable[[], float] = time.time) -> None:
-        self.path = path
-        self.clock = clock
-        self.lock = threading.Lock()
-        self.started = clock()
-        self.last_write = 0.0
-        self.state: dict[str, Any] = {
-            "phase": "starting",
-            "file": None,
-            "bytes_done": 0,
-            "bytes_total": bytes_total,
-            "started": round(self.started, 3),
-            "updated": round(self.started, 3),
-        }
-
-    def update(
-        self, phase: str | None = None, file: str | None = None, done: int = 0, force: bool = False
-    ) -> None:
-        if self.path is None:
-            return
-        with self.lock:
-            if phase is not None:
-                self.state["phase"] = phase
-            if file is not None:
-                self.state["file"] = file
-            self.state["bytes_done"] += done
-            now = self.clock()
-            if not force and now - self.last_write < PROGRESS_INTERVAL:
-                return
-            self.last_write = now
-            self.state["updated"] = round(now, 3)
-            with contextlib.suppress(OSError):  # progress is a courtesy, never a failure
-                write_file_atomically(self.path, json.dumps(self.state).encode() + b"\n")
+    return ProgressWriter(None, "checkpoint")
 
 
 # --------------------------------------------------------------------------- hashing and rebuilding
@@ -548,7 +577,7 @@ def _read_into(handle, buffer: memoryview, offset: int) -> int:
 def hash_file(
     path: str,
     counters: Counters,
-    progress: Progress,
+    progress: ProgressWriter,
     chunk_size: int | None = None,
 ) -> str:
     """sha256 of ``path``, read once in large chunks with sequential-read hints."""
@@ -561,14 +590,14 @@ def hash_file(
             digest.update(buffer[:count])
             offset += count
             counters.add(read=count)
-            progress.update(file=path, done=count)
+            progress.update(advance=count, detail=os.path.basename(path))
     return digest.hexdigest()
 
 
 def rebuild_shard(
     action: Action,
     counters: Counters,
-    progress: Progress,
+    progress: ProgressWriter,
     chunk_size: int | None = None,
 ) -> str:
     """Concatenate the parts into the temporary file while hashing; rename only on a match.
@@ -603,7 +632,7 @@ def rebuild_shard(
                     behind.wrote(written, count)
                     written += count
                     counters.add(read=count, written=count)
-                    progress.update(file=action.path, done=count)
+                    progress.update(advance=count, detail=action.name)
         actual = digest.hexdigest()
         if actual != action.expected:
             raise CheckpointError(
@@ -714,7 +743,7 @@ def _run_action(
     action: Action,
     model_dir: str,
     records: dict[str, Record],
-    progress: Progress,
+    progress: ProgressWriter,
     chunk_size: int | None,
 ) -> tuple[dict[str, Any], Record | None, str | None]:
     started = time.monotonic()
@@ -729,11 +758,11 @@ def _run_action(
         if action.kind == "trust":
             record = records[action.name]
         elif action.kind == "rebuild":
-            progress.update(phase="rebuilding", file=action.path)
+            progress.update(phase="rebuilding", detail=action.name)
             actual = rebuild_shard(action, counters, progress, chunk_size)
             entry["action"] = "rebuilt"
         else:
-            progress.update(phase="verifying", file=action.path)
+            progress.update(phase="verifying", detail=action.name)
             actual = hash_file(action.path, counters, progress, chunk_size)
             entry["action"] = "verified"
             if actual != action.expected:
@@ -773,9 +802,9 @@ def execute_plan(
     actions: list[Action],
     model_dir: str,
     records: dict[str, Record],
-    workers: int = 4,
     *,
-    progress: Progress | None = None,
+    workers: int,
+    progress: ProgressWriter | None = None,
     chunk_size: int | None = None,
 ) -> Outcome:
     """Carry out the plan. Never raises for a single file's failure: see ``Outcome.errors``.
@@ -783,14 +812,14 @@ def execute_plan(
     Each file is one task of :func:`run_in_pool`. One file failing does not stop the others,
     so the caller can persist every good record before it reports the failures.
     """
-    progress = progress or Progress(None, 0)
+    progress = progress or no_progress()
     results = run_in_pool(
         actions, workers, lambda a: _run_action(a, model_dir, records, progress, chunk_size)
     )
     files = [results[a.name][0] for a in actions]
     good = {a.name: results[a.name][1] for a in actions if results[a.name][1] is not None}
     errors = [results[a.name][2] for a in actions if results[a.name][2] is not None]
-    progress.update(phase="failed" if errors else "done", force=True)
+    progress.finish(failed=bool(errors))
     return Outcome(_summary(files, good), good, errors)  # type: ignore[arg-type]
 
 
@@ -808,8 +837,9 @@ def count_files(root: str) -> int:
 
 def check_exl3(
     model_dir: str,
-    banks: Iterable[str] = DEFAULT_EXL3_BANKS,
-    plan_name: str = DEFAULT_EXL3_PLAN,
+    *,
+    banks: Iterable[str],
+    plan_name: str,
     expect_file_count: int | None = None,
 ) -> dict[str, Any]:
     """Check the EXL3 banks and plan; return ``{file_count, bank_files, plan}``.
@@ -855,10 +885,7 @@ def check_exl3(
 def state_differs(path: str, records: dict[str, Record], model_dir: str) -> bool:
     """True when the state file does not already hold exactly ``records``."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read() != render_state(records, model_dir)
-    except FileNotFoundError:
-        return True
+        return read_bytes(path) != render_state(records, model_dir)
     except OSError as exc:
         raise CheckpointError(f"cannot read state file {path}: {exc.strerror or exc}") from exc
 
@@ -883,7 +910,7 @@ def apply_plan(
     state_file: str,
     *,
     check_mode: bool,
-    workers: int = 4,
+    workers: int,
     progress_file: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Act on the plan, or only describe it in check mode; persist the records.
@@ -896,8 +923,8 @@ def apply_plan(
         report = describe_plan(actions, model_dir, records)
         good = {a.name: records[a.name] for a in actions if a.kind == "trust"}
     else:
-        progress = Progress(progress_file, sum(a.size for a in actions))
-        outcome = execute_plan(actions, model_dir, records, workers, progress=progress)
+        progress = ProgressWriter(progress_file, "verification", total=sum(a.size for a in actions))
+        outcome = execute_plan(actions, model_dir, records, workers=workers, progress=progress)
         report, good, errors = outcome.report, outcome.records, outcome.errors
     try:
         if check_mode:
@@ -961,7 +988,7 @@ def describe_adoption(actions: list[Action], model_dir: str, records: dict[str, 
 
 
 def _adopt_one(
-    action: Action, model_dir: str, progress: Progress, chunk_size: int | None
+    action: Action, model_dir: str, progress: ProgressWriter, chunk_size: int | None
 ) -> tuple[dict[str, Any], Record | None, str | None, str | None]:
     """Hash one whole file: ``(entry, record if it matches, actual sha256 if not, error)``."""
     started = time.monotonic()
@@ -969,7 +996,7 @@ def _adopt_one(
     counters = Counters()
     record = mismatch = error = None
     try:
-        progress.update(phase="verifying", file=action.path)
+        progress.update(phase="verifying", detail=action.name)
         actual = hash_file(action.path, counters, progress, chunk_size)
         info = os.stat(action.path)
         entry["size"] = info.st_size
@@ -990,9 +1017,9 @@ def execute_adoption(
     actions: list[Action],
     model_dir: str,
     records: dict[str, Record],
-    workers: int = 4,
     *,
-    progress: Progress | None = None,
+    workers: int,
+    progress: ProgressWriter | None = None,
     chunk_size: int | None = None,
 ) -> Outcome:
     """Hash the ``verify`` actions of an adoption plan in parallel; read nothing else.
@@ -1000,7 +1027,7 @@ def execute_adoption(
     ``Outcome.records`` holds the trusted and the newly adopted records; a mismatch is not an
     error but an entry of ``report["mismatched"]`` (``{file, expected, actual}``).
     """
-    progress = progress or Progress(None, 0)
+    progress = progress or no_progress()
     to_read = [a for a in actions if a.kind == "verify"]
     results = run_in_pool(to_read, workers, lambda a: _adopt_one(a, model_dir, progress, chunk_size))
     files = describe_adoption(actions, model_dir, records)["files"]
@@ -1019,7 +1046,7 @@ def execute_adoption(
             mismatched.append({"file": action.name, "expected": action.expected, "actual": actual})
         if error is not None:
             errors.append(error)
-    progress.update(phase="failed" if errors else "done", force=True)
+    progress.finish(failed=bool(errors))
     report = {**_summary(files, good), "adopted": adopted, "mismatched": mismatched}
     return Outcome(report, good, errors)
 
@@ -1030,7 +1057,7 @@ def adopt_checkpoint(
     manifest: str = DEFAULT_MANIFEST,
     *,
     check_mode: bool,
-    workers: int = 4,
+    workers: int,
     progress_file: str | None = None,
     chunk_size: int | None = None,
 ) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -1057,8 +1084,10 @@ def adopt_checkpoint(
         report = describe_adoption(actions, model_dir, records)
         report["changed"] = to_read
         return report, warnings, []
-    progress = Progress(progress_file, sum(a.size for a in actions))
-    outcome = execute_adoption(actions, model_dir, records, workers, progress=progress, chunk_size=chunk_size)
+    progress = ProgressWriter(progress_file, "adoption", total=sum(a.size for a in actions))
+    outcome = execute_adoption(
+        actions, model_dir, records, workers=workers, progress=progress, chunk_size=chunk_size
+    )
     report, errors = outcome.report, list(outcome.errors)
     by_name = {a.name: a for a in actions}
     for mismatch in report["mismatched"]:

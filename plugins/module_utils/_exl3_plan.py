@@ -15,7 +15,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import (
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
     FileContentError,
     TextFilePlan,
     dump_json,

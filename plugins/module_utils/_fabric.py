@@ -398,7 +398,7 @@ def select_fabric(
     devices: list[dict[str, Any]],
     interfaces: dict[str, dict[str, Any]],
     *,
-    sysfs_root: str = "/sys",
+    sysfs_root: str,
     ifname: str | None = None,
     ipv4: str | None = None,
     hcas: list[str] | None = None,

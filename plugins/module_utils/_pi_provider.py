@@ -16,13 +16,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import (
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
     ENV_VAR_NAME,
     TextFilePlan,
     dump_json,
@@ -30,13 +29,8 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files impor
     load_json_object,
 )
 
-PROVIDER_NAME = "dsv41-sparks"
 PROVIDER_DISPLAY_NAME = "DeepSeek-V4.1-Flash on DGX Sparks"
-MODEL_ID = "deepseek-v4.1-flash"
 MODEL_DISPLAY_NAME = "DeepSeek-V4.1-Flash"
-API_KEY_ENV = "DSV41_API_KEY"
-CONTEXT_WINDOW = 262144
-MAX_TOKENS = 262144
 MODELS_FILE = "models.json"
 SETTINGS_FILE = "settings.json"
 CONFIG_DIR_ENV = "PI_CODING_AGENT_DIR"
@@ -103,12 +97,12 @@ def resolve_config_dir(config_dir: str | None, environ: Mapping[str, str]) -> st
 def provider_entry(
     *,
     base_url: str,
-    api_key_env: str = API_KEY_ENV,
-    model_id: str = MODEL_ID,
-    context_window: int = CONTEXT_WINDOW,
-    max_tokens: int = MAX_TOKENS,
+    api_key_env: str,
+    model_id: str,
+    context_window: int,
+    max_tokens: int,
 ) -> dict[str, Any]:
-    """The complete ``providers.<name>`` entry (the reference values by default)."""
+    """The complete ``providers.<name>`` entry."""
     for option, value in (("context_window", context_window), ("max_tokens", max_tokens)):
         if value <= 0:
             raise PiConfigError(f"{option} must be a positive number of tokens, got {value}")
@@ -252,7 +246,7 @@ def plan_pi_config(
 ) -> PiConfigPlan:
     """Both files' desired content.
 
-    Raises ``_json_files.FileContentError`` or ``PiConfigError``, naming the file, before anything
+    Raises ``_file_helpers.FileContentError`` or ``PiConfigError``, naming the file, before anything
     is written.
     """
     models_path = os.path.join(config_dir, MODELS_FILE)
@@ -275,17 +269,3 @@ def plan_pi_config(
             ),
         )
     return PiConfigPlan(models=models, settings=settings)
-
-
-def backup_file(path: str, timestamp: str) -> str:
-    """Copy ``path`` to ``<path>.<timestamp>.bak`` (never over an earlier backup); returns the copy.
-
-    ``copy2`` keeps the mode, so a backup of a file with credentials stays private.
-    """
-    candidate = f"{path}.{timestamp}.bak"
-    counter = 1
-    while os.path.exists(candidate):
-        candidate = f"{path}.{timestamp}-{counter}.bak"
-        counter += 1
-    shutil.copy2(path, candidate)
-    return candidate

@@ -1,11 +1,13 @@
 # Copyright: sparkserve maintainers (@sparkserve)
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
 # SPDX-License-Identifier: Apache-2.0
-"""The vLLM command line and environment of one rank, as measured in the reference deployment.
+"""The vLLM command line and environment of one rank, in the reference deployment's shape.
 
 Internal to sparkserve.dsv41; not a public API. Pure functions: the rank role renders them
-through the ``vllm_serve_args`` and ``vllm_rank_env`` filters, the tests compare them with the
-reference configuration value for value.
+through the ``vllm_serve_args`` and ``vllm_rank_env`` filters. Every serving setting is a
+required argument: its value is the rank role's variable, whose default (in the role's
+``defaults/main.yml``, nowhere else) is the reference value; the tests show that those defaults
+give the reference configuration value for value.
 """
 
 from __future__ import annotations
@@ -92,23 +94,24 @@ def vllm_serve_args(
     node_rank: int,
     nnodes: int,
     master_addr: str,
-    master_port: int = 29655,
-    served_model_name: str = "deepseek-v4.1-flash",
-    kv_cache_memory_bytes: int = 2700000000,
-    gpu_memory_utilization: float = 0.88,
-    max_model_len: int = 262144,
-    max_num_seqs: int = 2,
-    max_num_batched_tokens: int = 2048,
-    num_speculative_tokens: int = 7,
-    cudagraph_mode: str = "FULL_DECODE_ONLY",
+    master_port: int,
+    served_model_name: str,
+    kv_cache_memory_bytes: int,
+    gpu_memory_utilization: float,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    num_speculative_tokens: int,
+    cudagraph_mode: str,
+    api_port: int,
     capture_sizes: list[int] | None = None,
-    api_port: int = 8000,
     extra_args: list[str] | None = None,
     model: str = "/model",
 ) -> list[str]:
     """The rank container's arguments (after the image's ``vllm serve`` entrypoint), in the reference order.
 
-    ``capture_sizes`` replaces the derived capture sizes (upstream ``CAPS``).
+    ``capture_sizes`` replaces the derived capture sizes (upstream ``CAPS``); ``extra_args`` are
+    appended on the head; ``model`` is where the container sees the checkpoint.
     """
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node_rank {node_rank} is outside 0..{nnodes - 1}")
@@ -179,8 +182,8 @@ def vllm_rank_env(
     ifname: str,
     hcas: str,
     host_ip: str,
-    gid_index: int = 3,
-    plan_name: str = "J268-ho-v31-K5n.json",
+    gid_index: int,
+    plan_name: str,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """The rank container's environment with this node's fabric facts; ``extra`` wins."""

@@ -250,7 +250,7 @@ def reported_usage(reply: Reply) -> dict[str, int] | None:
     return counts if all(isinstance(value, int) for value in counts.values()) else None
 
 
-def run_checks(client: Client, model: str, checks: Iterable[str] = CHECKS) -> list[Result]:
+def run_checks(client: Client, model: str, checks: Iterable[str]) -> list[Result]:
     """Ask each check's question and judge the answer; a refused request fails that check."""
     asked = requests(model)
     results = []
@@ -275,7 +275,7 @@ def first_model(client: Client) -> tuple[str, str]:
     return model, "" if model else f"no model listed: {_short(json.dumps(reply.body))}"
 
 
-def run_smoke(client: Client, model: str | None, checks: Iterable[str] = CHECKS) -> tuple[str, list[Result]]:
+def run_smoke(client: Client, model: str | None, checks: Iterable[str]) -> tuple[str, list[Result]]:
     """The model asked (the endpoint's first when none is given) and each check's result."""
     checks = list(checks)
     if not model:

@@ -17,7 +17,8 @@ description:
     is 32 random bytes from Python's C(secrets), URL-safe base64 without padding (what
     C(secrets.token_urlsafe) returns for 32 bytes), followed by a newline.
   - Keeps an existing key untouched (same bytes, same mtime) unless O(regenerate=always). Fixes the
-    mode of the file to C(0600) when it differs, and its owner and group when O(owner)/O(group) are set.
+    key file's mode (O(mode), C(0600) by default), owner, group and SELinux context (the file options)
+    when they differ.
   - Fails without touching the file when it holds something that is not a plausible key (whitespace
     inside, characters outside C(A-Z a-z 0-9 - _), fewer than 32 characters, not text), so a wrong
     O(path) never destroys an unrelated file.
@@ -40,6 +41,12 @@ options:
     type: str
     choices: [never, always]
     default: never
+  mode:
+    description:
+      - Permissions of the key file, octal (quote it in YAML, for example V('0600')) or symbolic.
+      - The environment file is always C(0600).
+    type: raw
+    default: '0600'
   owner:
     description:
       - Owner of the key file and, unless O(env_file_owner) is set, of the environment file.
@@ -72,6 +79,7 @@ options:
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.files
 attributes:
   check_mode:
     support: full
@@ -114,7 +122,9 @@ path:
   type: str
   sample: /home/ubuntu/.dsv41-two-sparks/api_key
 mode:
-  description: Mode of the key file (and of the environment file), octal.
+  description:
+    - Mode of the key file, octal (in check mode the current one; the requested one when the file
+      does not exist yet).
   returned: always
   type: str
   sample: '0600'
@@ -148,7 +158,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._api_key import (
     DEFAULT_ENV_VAR,
     ENV_FILE_MODE,
-    KEY_FILE_MODE,
     InvalidKeyFileError,
     env_file_content,
     fingerprint,
@@ -157,9 +166,10 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._api_key import (
     plan_key,
     sync_private_file,
 )
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import (
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
     ENV_VAR_NAME,
     missing_parent_dir,
+    mode_text,
     read_bytes,
 )
 
@@ -169,13 +179,14 @@ def main() -> None:
         argument_spec={
             "path": {"type": "path", "required": True},
             "regenerate": {"type": "str", "choices": ["never", "always"], "default": "never"},
-            "owner": {"type": "str"},
-            "group": {"type": "str"},
+            # The file options (add_file_common_args) are the key file's; its mode defaults to private.
+            "mode": {"type": "raw", "default": "0600"},
             "env_file": {"type": "path"},
             "env_var": {"type": "str", "default": DEFAULT_ENV_VAR},
             "env_file_owner": {"type": "str"},
             "env_file_group": {"type": "str"},
         },
+        add_file_common_args=True,
         required_by={"env_file_owner": "env_file", "env_file_group": "env_file"},
         supports_check_mode=True,
     )
@@ -211,26 +222,32 @@ def main() -> None:
     except OSError as err:
         module.fail_json(msg=f"cannot read {err.filename}: {err.strerror}", path=path)
 
+    key_args = module.load_file_common_arguments(params)
     try:
         changed = sync_private_file(
             module,
-            path,
+            key_args,
             desired=key_file_content(plan.key) if plan.write else None,
             current=current_key_file,
-            mode=KEY_FILE_MODE,
-            owner=params["owner"],
-            group=params["group"],
         )
         if env_file:
+            # The env file is read by root's docker, not by the key's user: it keeps options of its own
+            # for owner and group (falling back to the key file's), is always 0600, and takes no SELinux
+            # context or attributes from the file options, which describe the key file.
+            env_args = module.load_file_common_arguments(
+                {
+                    "mode": ENV_FILE_MODE,
+                    "owner": params["env_file_owner"] or params["owner"],
+                    "group": params["env_file_group"] or params["group"],
+                },
+                path=env_file,
+            )
             changed = (
                 sync_private_file(
                     module,
-                    env_file,
+                    env_args,
                     desired=env_file_content(params["env_var"], plan.key),
                     current=current_env_file,
-                    mode=ENV_FILE_MODE,
-                    owner=params["env_file_owner"] or params["owner"],
-                    group=params["env_file_group"] or params["group"],
                 )
                 or changed
             )
@@ -243,7 +260,7 @@ def main() -> None:
     module.exit_json(
         changed=changed,
         path=path,
-        mode=f"{KEY_FILE_MODE:04o}",
+        mode=mode_text(path, key_args["mode"]),
         owner=owner,
         group=group,
         fingerprint=fingerprint(plan.key) if key_exists else None,

@@ -71,10 +71,12 @@ options:
     type: path
   progress_file:
     description:
-      - When set, a small JSON document C({phase, file, bytes_done, bytes_total, started, updated})
-        is written there atomically at most every 2 seconds while data is read, so that a role
-        running this module with C(async) can poll it and show progress. C(started) and C(updated)
-        are seconds since the epoch; C(phase) ends as C(done) or C(failed).
+      - When set, the collection's progress document is written there atomically at most every 2
+        seconds while data is read - C({what, phase, unit, done, total, started, updated, detail}),
+        C(unit) C(bytes), C(done) and C(total) the bytes this run reads, C(detail) the file at hand -
+        so that a role running this module with C(async) can show its progress
+        (M(sparkserve.dsv41.job_wait)). C(started) and C(updated) are seconds since the epoch;
+        C(phase) ends as C(done) or C(failed).
       - Not written in check mode.
     type: path
   verify_exl3:
@@ -315,8 +317,6 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import (
-    DEFAULT_EXL3_BANKS,
-    DEFAULT_EXL3_PLAN,
     DEFAULT_MANIFEST,
     CheckpointError,
     adopt_checkpoint,
@@ -368,8 +368,8 @@ def main() -> None:
             "state_file": {"type": "path"},
             "progress_file": {"type": "path"},
             "verify_exl3": {"type": "bool", "default": True},
-            "exl3_banks": {"type": "list", "elements": "str", "default": list(DEFAULT_EXL3_BANKS)},
-            "exl3_plan": {"type": "str", "default": DEFAULT_EXL3_PLAN},
+            "exl3_banks": {"type": "list", "elements": "str", "default": ["qn", "q31", "q31s"]},
+            "exl3_plan": {"type": "str", "default": "J268-ho-v31-K5n.json"},
             "expect_exl3_file_count": {"type": "int"},
             "adopt": {"type": "bool", "default": False},
         },
@@ -416,7 +416,10 @@ def main() -> None:
         actions = plan_actions(manifest, found, records, params["keep_parts"])
         if params["verify_exl3"]:
             exl3 = check_exl3(
-                model_dir, params["exl3_banks"], params["exl3_plan"], params["expect_exl3_file_count"]
+                model_dir,
+                banks=params["exl3_banks"],
+                plan_name=params["exl3_plan"],
+                expect_file_count=params["expect_exl3_file_count"],
             )
             result.update(exl3_file_count=exl3["file_count"], exl3_bank_files=exl3["bank_files"])
         check_free_space(actions)

@@ -19,8 +19,8 @@ description:
     entries may also be absolute or C(exl3/qn)-style paths. Each entry becomes
     C(<bank_root>/<last path component>), for example C(/model/exl3/qn:/model/exl3/q31:/model/exl3/q31s).
   - Every other field is kept as it is, in its order. The copy is written with an indent of 2.
-  - Idempotent - the copy is only written when its content differs, and its mode only fixed when it is
-    wrong. Supports check mode and diff mode.
+  - Idempotent - the copy is only written when its content differs, and its mode, owner, group and
+    SELinux context (the file options) only fixed when they are wrong. Supports check mode and diff mode.
 options:
   src:
     description:
@@ -41,11 +41,13 @@ options:
     default: /model/exl3
   mode:
     description:
-      - Permissions of the copy, as an octal string (quote it in YAML, for example C('0644')).
+      - Permissions of the copy, octal (quote it in YAML, for example V('0644')) or symbolic (for
+        example V(u=rw,g=r,o=r)).
     type: raw
     default: '0644'
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.files
 attributes:
   check_mode:
     support: full
@@ -53,13 +55,6 @@ attributes:
     support: full
   platform:
     platforms: posix
-notes:
-  - The pure rewrite is available to other code as
-    C(ansible_collections.sparkserve.dsv41.plugins.module_utils._exl3_plan.rewrite_qdir) and as the
-    filter P(sparkserve.dsv41.exl3_qdir#filter).
-seealso:
-  - plugin: sparkserve.dsv41.exl3_qdir
-    plugin_type: filter
 """
 
 EXAMPLES = r"""
@@ -93,12 +88,14 @@ dest:
   type: str
   sample: /home/ubuntu/.dsv41-two-sparks/plans/J268-ho-v31-K5n.json
 mode:
-  description: Permissions of the copy, octal.
+  description:
+    - Permissions of the copy, octal (in check mode the current ones; the requested ones while there
+      is no copy yet).
   returned: success
   type: str
   sample: '0644'
 diff:
-  description: Before and after text of the copy (and its mode, when that changes).
+  description: Before and after text of the copy (and its file attributes such as the mode, when they change).
   returned: changed and in diff mode
   type: list
   elements: dict
@@ -113,13 +110,12 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._exl3_plan import
     check_bank_root,
     plan_copy,
 )
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._files import write_atomically
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import (
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
     FileContentError,
-    current_mode,
     missing_parent_dir,
-    parse_mode,
+    mode_text,
     read_text,
+    write_atomically,
 )
 
 
@@ -131,14 +127,14 @@ def main() -> None:
             "bank_root": {"type": "str", "default": DEFAULT_BANK_ROOT},
             "mode": {"type": "raw", "default": "0644"},
         },
+        add_file_common_args=True,
         supports_check_mode=True,
     )
     src: str = module.params["src"]
     dest: str = module.params["dest"]
     try:
-        mode = parse_mode(module.params["mode"])
         bank_root = check_bank_root(module.params["bank_root"])
-    except (ValueError, QdirError) as err:
+    except QdirError as err:
         module.fail_json(msg=str(err))
     if os.path.isdir(dest):
         module.fail_json(msg=f"dest {dest} is a directory; give the path of the plan copy itself", dest=dest)
@@ -159,36 +155,28 @@ def main() -> None:
     except OSError as err:
         module.fail_json(msg=f"cannot read {err.filename}: {err.strerror}", src=src, dest=dest)
 
-    mode_before = current_mode(dest)
-    mode_wrong = mode_before is not None and mode_before != mode
-    changed = plan.changed or mode_wrong
-    if changed and not module.check_mode:
+    file_args = module.load_file_common_arguments(module.params)  # for dest
+    existed = os.path.exists(dest)
+    if plan.changed and not module.check_mode:
         try:
-            if plan.changed:
-                write_atomically(module, dest, plan.after.encode("utf-8"), mode)
-            else:
-                os.chmod(dest, mode)
+            write_atomically(module, dest, plan.after.encode("utf-8"), file_args["mode"])
         except OSError as err:
             module.fail_json(msg=f"cannot write {dest}: {err.strerror}", dest=dest)
+    attributes_diff: dict = {"before_header": dest, "after_header": dest, "before": {}, "after": {}}
+    changed = module.set_fs_attributes_if_different(file_args, plan.changed, diff=attributes_diff)
 
     result = {
         "changed": changed,
         "src": src,
         "dest": dest,
         "qdir": qdir,
-        "mode": f"{mode:04o}",
+        "mode": mode_text(dest, file_args["mode"]),
     }
     if module._diff and changed:
         diff = [plan.diff()] if plan.changed else []
-        if mode_wrong:
-            diff.append(
-                {
-                    "before_header": dest,
-                    "after_header": dest,
-                    "before": {"mode": f"{mode_before:04o}"},
-                    "after": {"mode": f"{mode:04o}"},
-                }
-            )
+        # A new copy's attributes are part of its creation, not a change of them.
+        if existed and attributes_diff["before"]:
+            diff.append(attributes_diff)
         result["diff"] = diff
     module.exit_json(**result)
 

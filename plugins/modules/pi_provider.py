@@ -22,8 +22,9 @@ description:
   - In C(settings.json), appends C(<name>/<model_id>) to C(enabledModels) only when that list already
     exists and lacks it, and sets C(defaultProvider)/C(defaultModel) when O(set_default=true).
   - Creates the configuration directory (mode C(0700)) and the files (mode C(0600)) when missing;
-    existing files keep their mode. Backs up each existing file before changing it. Files are
-    only written when their meaning changes, so a second run reports no change and writes nothing.
+    existing files keep their mode, owner and group. Backs up each existing file before changing it.
+    Files are only written when their meaning changes, so a second run reports no change and writes
+    nothing.
   - A file that is not valid JSON, whose top level is not an object, or whose C(providers) is not
     an object (C(enabledModels) not an array) makes the module fail without touching anything.
 options:
@@ -72,7 +73,8 @@ options:
     default: true
   backup:
     description:
-      - Copy each existing file to C(<file>.<YYYYmmddTHHMMSS>.bak) before changing it.
+      - Copy each existing file before changing it, the way Ansible's modules do
+        (C(<file>.<pid>.<YYYY-MM-DD@HH:MM:SS>~), with the file's mode, owner and SELinux context).
     type: bool
     default: true
 extends_documentation_fragment:
@@ -145,7 +147,7 @@ backup_files:
   returned: always
   type: list
   elements: str
-  sample: [/home/dev/.pi/agent/models.json.20261202T141503.bak]
+  sample: [/home/dev/.pi/agent/models.json.4711.2026-12-02@14:15:03~]
 diff:
   description: Before and after content of each changed file.
   returned: changed and in diff mode
@@ -154,31 +156,26 @@ diff:
 """
 
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._files import write_atomically
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import (
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
     FileContentError,
-    current_mode,
     read_text,
+    write_atomically,
 )
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._pi_provider import (
-    API_KEY_ENV,
-    CONTEXT_WINDOW,
-    MAX_TOKENS,
-    MODEL_ID,
     MODELS_FILE,
-    PROVIDER_NAME,
     SETTINGS_FILE,
     PiConfigError,
-    backup_file,
     check_provider_name,
     plan_pi_config,
     provider_entry,
     resolve_config_dir,
 )
 
+# Pi's files belong to the user running Pi: an existing file keeps its mode, owner and group (as
+# atomic_move leaves them) and a new one is private, since its neighbours may hold keys. There is no
+# owner, group or mode to choose, so the module takes no file arguments (add_file_common_args).
 NEW_FILE_MODE = 0o600
 CONFIG_DIR_MODE = 0o700
 
@@ -187,11 +184,12 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "base_url": {"type": "str", "required": True},
-            "name": {"type": "str", "default": PROVIDER_NAME},
-            "model_id": {"type": "str", "default": MODEL_ID},
-            "context_window": {"type": "int", "default": CONTEXT_WINDOW},
-            "max_tokens": {"type": "int", "default": MAX_TOKENS, "no_log": False},  # a token count
-            "api_key_env": {"type": "str", "default": API_KEY_ENV, "no_log": False},  # a name, not the key
+            "name": {"type": "str", "default": "dsv41-sparks"},
+            "model_id": {"type": "str", "default": "deepseek-v4.1-flash"},
+            "context_window": {"type": "int", "default": 262144},
+            "max_tokens": {"type": "int", "default": 262144, "no_log": False},  # a token count
+            # A variable's name, not the key.
+            "api_key_env": {"type": "str", "default": "DSV41_API_KEY", "no_log": False},
             "config_dir": {"type": "path"},
             "set_default": {"type": "bool", "default": False},
             "enable_model": {"type": "bool", "default": True},
@@ -237,21 +235,24 @@ def main() -> None:
             if create_dir:
                 os.makedirs(config_dir, mode=CONFIG_DIR_MODE)
                 os.chmod(config_dir, CONFIG_DIR_MODE)  # makedirs' mode is filtered by the umask
-            timestamp = time.strftime("%Y%m%dT%H%M%S")
             for file_plan in changed_files:
                 path = file_plan.file.path
-                if params["backup"] and file_plan.file.before is not None:
-                    backup_files.append(backup_file(path, timestamp))
-                mode = current_mode(path)
-                if mode is None:  # a new file: private, it sits next to files that may hold keys
-                    mode = NEW_FILE_MODE
-                write_atomically(module, path, file_plan.file.after.encode("utf-8"), mode)
+                new_file = file_plan.file.before is None
+                if params["backup"] and not new_file:
+                    backup_files.append(module.backup_local(path))
+                write_atomically(
+                    module, path, file_plan.file.after.encode("utf-8"), NEW_FILE_MODE if new_file else None
+                )
+                if new_file:  # atomic_move gave it the umask's permissions
+                    module.set_mode_if_different(path, NEW_FILE_MODE, True)
         except OSError as err:
             module.fail_json(
                 msg=f"cannot write {err.filename or config_dir}: {err.strerror}",
                 config_dir=config_dir,
                 backup_files=backup_files,
             )
+        except Exception as err:  # backup_local and atomic_move's fallbacks raise their OSError as Exception
+            module.fail_json(msg=f"{err} ({err.__cause__})", config_dir=config_dir, backup_files=backup_files)
 
     result = {
         "changed": create_dir or bool(changed_files),

@@ -160,9 +160,12 @@ def test_reports_and_progress_are_written(results):
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     table = (out / "bench.md").read_text()
     assert "| decode code, 1 stream |" in table and "| decode prose at 4k, 2 streams, aggregate |" in table
-    progress = (out / "prog").read_text().splitlines()
-    assert any("prefill_32k 2/2" in line for line in progress) and progress[-1].endswith("bench.png")
-    assert any("decode code x2 at 4k 2/2" in line for line in progress)
+    # The collection's progress document, as the job_wait module reads it: every planned
+    # measurement done, the last progress line as its detail.
+    progress = json.loads((out / "prog").read_text())
+    assert (progress["what"], progress["phase"], progress["unit"]) == ("benchmark", "done", "measurements")
+    assert progress["done"] == progress["total"] == 3 * 2 + 2 * 2 * 2 * 2
+    assert progress["detail"].endswith("bench.png")
 
 
 def test_when_the_endpoint_goes_away_what_was_measured_is_kept(start_rank, tmp_path, capsys):
@@ -253,6 +256,7 @@ def test_the_role_hands_every_setting_to_the_program(head, tmp_path):
     assert list(results["summary"]) == ["prefill_1k", "decode_code_c1", "decode_code_2k_c1"]
     assert results["summary"]["decode_code_2k_c1"]["median"] == pytest.approx(DECODE, rel=0.03)
     assert "| decode code at 2k, 1 stream |" in run.stdout
+    assert "(item=benchmark: " in run.stdout, "the shared wait shows the progress document"
     assert API_KEY not in run.stdout + run.stderr
 
 
@@ -263,6 +267,7 @@ def test_the_role_fails_naming_why_and_where_the_results_are(tmp_path):
     assert run.returncode != 0
     shown = " ".join((run.stdout + run.stderr).split())  # the callback folds long messages
     message = "benchmark failed: POST /v1/chat/completions: [Errno 111] Connection refused; "
-    assert f"msg: '{message}the 0 measurement(s) done before are in {out / 'bench.json'}'" in shown
+    kept = f"the 0 measurement(s) done before are in {out / 'bench.json'}"
+    assert f"msg: 'benchmark on localhost failed: {message}{kept}'" in shown
     assert json.loads((out / "bench.json").read_text())["meta"]["status"] == "failed"
     assert API_KEY not in run.stdout + run.stderr

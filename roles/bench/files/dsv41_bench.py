@@ -19,8 +19,12 @@ every measurement, atomically, so a run that fails or is stopped keeps what it m
 The key comes from ``--api-key-file`` or the environment (``--api-key-env``), never from the
 command line. Standard library only, except the chart (matplotlib).
 
+Progress lines go to stderr; ``--progress-file`` also keeps the collection's progress document
+there (measurements done of those planned, the last line as its detail), written by the
+collection's own writer (``plugins/module_utils/_progress.py``, found beside this program), so
+that the ``job_wait`` module shows the bench's progress as it shows the checkpoint jobs'.
+
     dsv41_bench.py run --base-url http://spark-1:8000/v1 --out-dir bench-results
-    dsv41_bench.py wait --job <async results file> --progress-file <file> --seconds 10
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import importlib
 import io
 import json
 import os
@@ -502,9 +507,10 @@ def run_decode(
 class Results:
     """bench.json and bench.md, rewritten atomically after every measurement; bench.png at the end."""
 
-    def __init__(self, out_dir: Path, meta: dict[str, Any]):
+    def __init__(self, out_dir: Path, meta: dict[str, Any], progress: Any = None):
         self.out_dir = out_dir
         self.meta = meta
+        self.progress = progress or NoProgress()  # the progress document, counting the measurements
         self.samples: list[Sample] = []
         self.measurements = 0
 
@@ -532,6 +538,7 @@ class Results:
         self.measurements += 1
         self.meta["measurements"] = self.measurements
         self.save()
+        self.progress.update(force=True, done=self.measurements)
 
     def finish(self, status: str, error: str | None = None) -> dict[str, Any]:
         self.meta["status"] = status
@@ -550,20 +557,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     key = read_key(args)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    progress_file = Path(args.progress_file) if args.progress_file else None
+    sizes = [*args.prefill_tokens, *args.long_context_tokens]
+    document = progress_writer(args.progress_file, planned_measurements(args))
 
     def progress(line: str) -> None:
         stamped = f"{time.strftime('%H:%M:%S')} {line}"
         print(stamped, file=sys.stderr, flush=True)
-        if progress_file:
-            with progress_file.open("a", encoding="utf-8") as handle:
-                handle.write(stamped + "\n")
+        document.update(force=True, detail=stamped)
 
     client = Client(args.base_url, key, args.timeout)
     rng = random.Random(args.seed)  # noqa: S311 - random prompts, not secrets
     sampling = {"temperature": 0} if args.greedy else {}
     plan = Plan(client, args.model, Prompts(rng), progress, args.repetitions, sampling)
-    sizes = [*args.prefill_tokens, *args.long_context_tokens]
     meta = {
         "model": args.model,
         "base_url": args.base_url,
@@ -580,7 +585,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_concurrency": args.concurrency,
         "decode_context_tokens": args.decode_context,
     }
-    results = Results(out_dir, meta)
+    results = Results(out_dir, meta, document)
     results.save()
     (out_dir / "bench.png").unlink(missing_ok=True)  # a chart of an earlier run would mislead
     depths = f", decode after {args.decode_context} tokens" if args.decode_context else ""
@@ -589,7 +594,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     try:
         if args.warmup:
+            document.update(force=True, phase="warming up")
             meta["warmup"] = warm_up(plan)
+        document.update(force=True, phase="measuring")
         for measurement in run_prefill(plan, sizes):
             results.add(measurement)
         for depth in [0, *args.decode_context]:
@@ -599,16 +606,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         signum = getattr(exc, "signum", signal.SIGINT)
         results.finish("interrupted", f"stopped by {signal.Signals(signum).name}")
         progress(f"interrupted: {results.kept()}")
+        document.finish(failed=True)
         raise Interrupted(f"stopped by {signal.Signals(signum).name}; {results.kept()}", signum) from exc
     except BenchError as exc:
         results.finish("failed", str(exc))
         progress(f"failed: {exc}")
+        document.finish(failed=True)
         raise BenchError(f"{exc}; {results.kept()}") from exc
     except Exception as exc:
         results.finish("failed", repr(exc))
+        document.finish(failed=True, detail=f"failed: {exc!r}")
         raise
     result = results.finish("complete")
     progress(f"done: {results.path}, bench.md, bench.png")
+    document.finish()
     return result
 
 
@@ -621,26 +632,68 @@ def read_key(args: argparse.Namespace) -> str:
     return os.environ.get(args.api_key_env, "")
 
 
-# --- waiting on a background run (Ansible async), with progress -----------------------------------
+# --- progress, in the collection's progress document ----------------------------------------------
+
+PROGRESS_MODULE = "ansible_collections.sparkserve.dsv41.plugins.module_utils._progress"
 
 
-def wait(job: Path, progress_file: Path, seconds: float) -> dict[str, Any]:
-    """Wait up to ``seconds`` for the async job to finish; report its last progress line."""
-    deadline = time.monotonic() + seconds
-    while True:
-        finished = _job_finished(job)
-        if finished or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)
-    lines = progress_file.read_text(errors="replace").splitlines() if progress_file.exists() else []
-    return {"finished": finished, "line": lines[-1] if lines else "starting", "lines": len(lines)}
+def planned_measurements(args: argparse.Namespace) -> int:
+    """How many measurements the run makes (each prefill or decode repetition is one)."""
+    prefills = len(args.prefill_tokens) + len(args.long_context_tokens)
+    decodes = (1 + len(args.decode_context)) * len(args.kinds) * len(args.concurrency)
+    return (prefills + decodes) * args.repetitions
 
 
-def _job_finished(job: Path) -> bool:
-    try:
-        return bool(json.loads(job.read_text()).get("finished")) or "rc" in json.loads(job.read_text())
-    except (OSError, ValueError):
+def collection_progress() -> Any:
+    """The collection's progress module, imported as Ansible imports it.
+
+    This program lives in ``<collection>/roles/bench/files/``: in an installed collection
+    ``<collection>`` is ``.../ansible_collections/sparkserve/dsv41``, in a checkout the repository,
+    whose ``collections/`` holds a link of that shape.
+    """
+    with contextlib.suppress(ImportError):
+        return importlib.import_module(PROGRESS_MODULE)
+    root = Path(__file__).resolve().parents[3]
+    bases = [root / "collections"]
+    if root.parent.parent.name == "ansible_collections":
+        bases.insert(0, root.parents[2])
+    for base in bases:
+        if (
+            base
+            / "ansible_collections"
+            / "sparkserve"
+            / "dsv41"
+            / "plugins"
+            / "module_utils"
+            / "_progress.py"
+        ).is_file():
+            sys.path.insert(0, str(base))
+            importlib.invalidate_caches()
+            return importlib.import_module(PROGRESS_MODULE)
+    raise BenchError(
+        f"--progress-file needs the sparkserve.dsv41 collection around this program ({root} holds no "
+        "plugins/module_utils/_progress.py); run it from the collection or without --progress-file"
+    )
+
+
+class NoProgress:
+    """The progress document's stand-in without ``--progress-file``: keeps nothing."""
+
+    def update(self, **_fields: Any) -> bool:
         return False
+
+    def finish(self, **_fields: Any) -> bool:
+        return False
+
+
+def progress_writer(path: str | None, total: int) -> Any:
+    """The progress document at ``path``, measurements done of ``total`` (:class:`NoProgress`
+    without a path: the collection's module is then not needed)."""
+    if not path:
+        return NoProgress()
+    writer = collection_progress().ProgressWriter(path, "benchmark", unit="measurements", total=total)
+    writer.update(force=True)
+    return writer
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -674,11 +727,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     go.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")
     go.add_argument("--seed", type=int, default=None, help="seed of the random prompts (default: fresh)")
     go.add_argument("--label", default="", help="a note stored with the results")
-    go.add_argument("--progress-file", help="also append progress lines here")
-    poll = commands.add_parser("wait", help="wait for a background run, printing its progress as JSON")
-    poll.add_argument("--job", required=True, type=Path)
-    poll.add_argument("--progress-file", required=True, type=Path)
-    poll.add_argument("--seconds", type=float, default=10)
+    go.add_argument("--progress-file", help="also keep the progress document (JSON) here")
     args = parser.parse_args(argv)
     if args.command == "run":
         sizes = [*args.prefill_tokens, *args.long_context_tokens, *args.decode_context]
@@ -696,9 +745,6 @@ def _stop(signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    if args.command == "wait":
-        print(json.dumps(wait(args.job, args.progress_file, args.seconds)))
-        return 0
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _stop) if in_main_thread else None
     try:

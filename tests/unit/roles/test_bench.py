@@ -142,13 +142,24 @@ def test_nonsense_counts_are_refused(bad, capsys):
     assert "must be positive" in capsys.readouterr().err
 
 
-def test_wait_reports_the_last_progress_line(tmp_path):
-    job, progress = tmp_path / "job", tmp_path / "progress"
-    job.write_text(json.dumps({"started": 1, "finished": 0}))
-    progress.write_text("a\nb\n")
-    assert bench.wait(job, progress, 0) == {"finished": False, "line": "b", "lines": 2}
-    job.write_text(json.dumps({"finished": 1, "rc": 0}))
-    assert bench.wait(job, progress, 5)["finished"] is True
+def test_the_progress_document_counts_the_planned_measurements(tmp_path):
+    """The collection's progress document (what job_wait reads), not a file of lines."""
+    args = bench.parse(["run", "--base-url", "http://h/v1", "--prefill-tokens", "8192", "32768",
+                        "--decode-context", "4096", "--repetitions", "2"])  # fmt: skip
+    assert (
+        bench.planned_measurements(args) == (2 + 2 * 2 * 2) * 2
+    )  # prefills + depths x kinds x concurrencies
+    writer = bench.progress_writer(str(tmp_path / "progress.json"), 20)
+    writer.update(force=True, done=3, detail="12:00:00 prefill_8k 1/2: 2050.0 tok/s")
+    doc = json.loads((tmp_path / "progress.json").read_text())
+    assert (doc["what"], doc["unit"], doc["done"], doc["total"]) == ("benchmark", "measurements", 3, 20)
+    assert isinstance(bench.progress_writer(None, 20), bench.NoProgress)
+
+
+def test_there_is_no_wait_command_any_more(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse(["wait", "--job", "x", "--progress-file", "y"])
+    assert "invalid choice: 'wait'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import random
 import re
 import shutil
-import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _checkpoint as ck
+from ansible_collections.sparkserve.dsv41.plugins.module_utils import _download as dl
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import FIELDS
 
 SHARDS = [f"model-{n:05d}-of-00006.safetensors" for n in range(1, 7)]
 PLAN = "J268-ho-v31-K5n.json"
+BANKS = ("qn", "q31", "q31s")
+# Files hashed at the same time, unless a test says otherwise: more than one, so threads are exercised.
+WORKERS = 2
 
 
 def build_checkpoint(
@@ -47,7 +50,7 @@ def build_checkpoint(
             (model / name).write_bytes(blob)
     (model / "sha256-manifest.txt").write_text("\n".join(lines) + "\n")
     (model / "config.json").write_text("{}")
-    for bank in ("qn", "q31", "q31s"):
+    for bank in BANKS:
         (model / "exl3" / bank).mkdir(parents=True)
         for layer in range(3):
             (model / "exl3" / bank / f"L{layer:02d}.part.safetensors").write_bytes(b"x" * 10)
@@ -64,6 +67,7 @@ def run(model: Path, check_mode: bool = False, keep_parts: bool = False, **kwarg
     records, _warning = ck.load_state(state_file, str(model))
     actions = ck.plan_actions(manifest, found, records, keep_parts)
     ck.check_free_space(actions)
+    kwargs.setdefault("workers", WORKERS)
     return ck.apply_plan(actions, str(model), records, state_file, check_mode=check_mode, **kwargs)
 
 
@@ -420,35 +424,24 @@ def test_state_of_another_directory_is_not_trusted(tmp_path):
 # --------------------------------------------------------------------------- progress
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
+def test_progress_is_the_collections_document(tmp_path, monkeypatch):
+    """The rebuild writes the one progress document (_progress), the file at hand as its detail."""
+    model, _data = build_checkpoint(tmp_path)
+    progress = tmp_path / "progress.json"
+    seen: list[dict] = []
+    hash_file = ck.hash_file
 
-    def __call__(self) -> float:
-        return self.now
+    def watching(path, counters, writer, chunk_size=None):
+        writer.update(force=True)
+        seen.append(json.loads(progress.read_text()))
+        return hash_file(path, counters, writer, chunk_size)
 
-
-def test_progress_is_throttled_and_atomic(tmp_path):
-    path = tmp_path / "p.json"
-    clock = FakeClock()
-    progress = ck.Progress(str(path), 300, clock=clock)
-    progress.update(phase="verifying", file="a", done=100)
-    assert json.loads(path.read_text())["bytes_done"] == 100
-    clock.now += 1
-    progress.update(done=100)
-    assert json.loads(path.read_text())["bytes_done"] == 100  # within 2 s: not rewritten
-    clock.now += 1.5
-    progress.update(file="b", done=100)
-    document = json.loads(path.read_text())
-    assert document == {
-        "phase": "verifying",
-        "file": "b",
-        "bytes_done": 300,
-        "bytes_total": 300,
-        "started": 1000.0,
-        "updated": 1002.5,
-    }
-    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+    monkeypatch.setattr(ck, "hash_file", watching)
+    run(model, progress_file=str(progress), workers=1)
+    assert len(seen) == 4  # shards 1-4 are hashed, 5 and 6 rebuilt from their parts
+    assert all(tuple(doc) == FIELDS and doc["what"] == "verification" for doc in seen)
+    assert all(doc["phase"] == "verifying" and doc["detail"] in SHARDS for doc in seen)
+    assert json.loads(progress.read_text())["phase"] == "done"
 
 
 def test_progress_file_written_by_a_run(tmp_path, small_chunks):
@@ -457,7 +450,7 @@ def test_progress_file_written_by_a_run(tmp_path, small_chunks):
     run(model, progress_file=str(progress))
     document = json.loads(progress.read_text())
     assert document["phase"] == "done"
-    assert document["bytes_done"] == document["bytes_total"] == sum(len(b) for b in data.values())
+    assert document["done"] == document["total"] == sum(len(b) for b in data.values())
 
 
 # --------------------------------------------------------------------------- EXL3
@@ -465,12 +458,12 @@ def test_progress_file_written_by_a_run(tmp_path, small_chunks):
 
 def test_exl3_layout_and_count(tmp_path):
     model, _data = build_checkpoint(tmp_path)
-    result = ck.check_exl3(str(model))
+    result = ck.check_exl3(str(model), banks=BANKS, plan_name=PLAN)
     assert result["file_count"] == 10
     assert result["bank_files"] == {"qn": 3, "q31": 3, "q31s": 3}
-    assert ck.check_exl3(str(model), expect_file_count=10)["file_count"] == 10
+    assert ck.check_exl3(str(model), banks=BANKS, plan_name=PLAN, expect_file_count=10)["file_count"] == 10
     (model / "exl3" / "qn" / ".L03.part.safetensors.XyZ12").write_bytes(b"rsync temp")
-    assert ck.check_exl3(str(model))["file_count"] == 10
+    assert ck.check_exl3(str(model), banks=BANKS, plan_name=PLAN)["file_count"] == 10
 
 
 @pytest.mark.parametrize(
@@ -487,13 +480,13 @@ def test_exl3_layout_problems(tmp_path, damage, fragment):
     model, _data = build_checkpoint(tmp_path)
     damage(model)
     with pytest.raises(ck.CheckpointError, match=re.escape(fragment)):
-        ck.check_exl3(str(model))
+        ck.check_exl3(str(model), banks=BANKS, plan_name=PLAN)
 
 
 def test_exl3_count_mismatch(tmp_path):
     model, _data = build_checkpoint(tmp_path)
     with pytest.raises(ck.CheckpointError, match=r"holds 10 files but the head's copy holds 12"):
-        ck.check_exl3(str(model), expect_file_count=12)
+        ck.check_exl3(str(model), banks=BANKS, plan_name=PLAN, expect_file_count=12)
 
 
 def test_exl3_custom_banks_and_plan(tmp_path):
@@ -505,26 +498,11 @@ def test_exl3_custom_banks_and_plan(tmp_path):
 
 # --------------------------------------------------------------------------- adoption
 
-DOWNLOAD_PROGRAM = (
-    Path(__file__).resolve().parents[4] / "roles" / "checkpoint" / "files" / "dsv41_download.py"
-)
-
-
-def load_download_program():
-    """The role's download program, imported from its path as tests/unit/roles does."""
-    if "dsv41_download" in sys.modules:
-        return sys.modules["dsv41_download"]
-    spec = importlib.util.spec_from_file_location("dsv41_download", DOWNLOAD_PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dsv41_download"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
 
 def adopt(model: Path, check_mode: bool = False, **kwargs):
     """The module's adoption run without Ansible: ``(report, warnings, errors)``."""
     state_file = kwargs.pop("state_file", ck.default_state_file(str(model)))
+    kwargs.setdefault("workers", WORKERS)
     return ck.adopt_checkpoint(str(model), state_file, check_mode=check_mode, **kwargs)
 
 
@@ -550,7 +528,7 @@ def test_adopt_download_sh_directory_then_nothing_to_read(tmp_path, small_chunks
     assert recorded[SHARDS[4]]["size"] == len(data[SHARDS[4]])
     document = json.loads(progress.read_text())
     assert document["phase"] == "done"
-    assert document["bytes_done"] == document["bytes_total"] == report["bytes_read"]
+    assert document["done"] == document["total"] == report["bytes_read"]
 
     before = snapshot(tmp_path)
     monkeypatch.setattr(ck, "_open_read", _no_reads)
@@ -570,10 +548,9 @@ def test_adopt_download_sh_directory_then_nothing_to_read(tmp_path, small_chunks
 
 def test_adopted_shards_keep_the_download_from_fetching_their_parts(tmp_path):
     model, _data = build_checkpoint(tmp_path, parts={})
-    dl = load_download_program()
     assert dl.ignore_patterns(str(model)) == []
     adopt(model)
-    assert dl.verified_shards(str(model)) == SHARDS
+    assert ck.trusted_files(str(model)) == SHARDS
     patterns = dl.ignore_patterns(str(model))
     for number in (5, 6):
         part = f"{SHARDS[number - 1]}.part00"
@@ -655,7 +632,7 @@ def test_adopt_drops_the_record_of_a_file_that_no_longer_matches(tmp_path):
     assert report["adopted"] == []
     assert [m["file"] for m in report["mismatched"]] == [SHARDS[2]]
     assert set(state_files(model)) == set(SHARDS) - {SHARDS[2]}
-    assert SHARDS[2] not in load_download_program().verified_shards(str(model))
+    assert SHARDS[2] not in ck.trusted_files(str(model))
 
 
 @pytest.mark.parametrize("missing", ["manifest", "model_dir"])

@@ -12,7 +12,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._exl3_plan import
     rewrite_plan,
     rewrite_qdir,
 )
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import FileContentError
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import FileContentError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "exl3"
 REFERENCE = "/model/exl3/qn:/model/exl3/q31:/model/exl3/q31s"

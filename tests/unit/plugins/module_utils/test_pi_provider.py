@@ -1,4 +1,8 @@
-"""The Pi provider's pure parts: URL normalisation, the entry, and the planned files."""
+"""The Pi provider's pure parts: URL normalisation, the entry, and the planned files.
+
+``provider_entry`` has no defaults of its own: the entry is built from the pi role's defaults, the
+way roles/pi/tasks/main.yml passes them to the module.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,11 @@ import os
 from pathlib import Path
 
 import pytest
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._json_files import FileContentError
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import FileContentError
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._pi_provider import (
     MASK,
     PiConfigError,
     api_key_reference,
-    backup_file,
     check_provider_name,
     normalise_base_url,
     plan_pi_config,
@@ -22,10 +25,12 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._pi_provider impo
     with_provider,
     with_settings,
 )
+from role_defaults import SHARED_ROLE, role_defaults
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "pi"
 CONFIG_DIR = "/home/dev/.pi/agent"
 MODEL_REF = "dsv41-sparks/deepseek-v4.1-flash"
+PI_DEFAULTS = role_defaults(SHARED_ROLE, "pi")
 
 
 def fixture_text(name: str) -> str:
@@ -33,7 +38,15 @@ def fixture_text(name: str) -> str:
 
 
 def entry(**overrides) -> dict:
-    return provider_entry(base_url="http://192.168.100.10:8000", **overrides)
+    """The provider entry with the pi role's defaults."""
+    settings = {
+        "base_url": "http://192.168.100.10:8000",
+        "api_key_env": PI_DEFAULTS["pi_api_key_env"],
+        "model_id": PI_DEFAULTS["pi_model_id"],
+        "context_window": PI_DEFAULTS["pi_context_window"],
+        "max_tokens": PI_DEFAULTS["pi_max_tokens"],
+    }
+    return provider_entry(**{**settings, **overrides})
 
 
 @pytest.mark.parametrize(
@@ -113,6 +126,7 @@ def test_resolve_config_dir(option, environ, expected):
 
 
 def test_provider_entry_reference_values():
+    """The pi role's defaults give the reference entry."""
     assert entry() == {
         "name": "DeepSeek-V4.1-Flash on DGX Sparks",
         "baseUrl": "http://192.168.100.10:8000/v1",
@@ -143,6 +157,20 @@ def test_provider_entry_reference_values():
             }
         ],
     }
+
+
+@pytest.mark.parametrize("setting", ["api_key_env", "model_id", "context_window", "max_tokens"])
+def test_provider_entry_has_no_defaults_of_its_own(setting):
+    settings = {
+        "base_url": "http://h:8000",
+        "api_key_env": "K",
+        "model_id": "m",
+        "context_window": 1,
+        "max_tokens": 1,
+    }
+    del settings[setting]
+    with pytest.raises(TypeError, match=setting):
+        provider_entry(**settings)
 
 
 @pytest.mark.parametrize(("option", "value"), [("context_window", 0), ("max_tokens", -1)])
@@ -289,15 +317,3 @@ def test_redacted_masks_other_providers_credentials_only():
     assert shown["providers"]["dsv41-sparks"]["apiKey"] == "!printenv DSV41_API_KEY"
     assert "LITERAL" not in json.dumps(shown)
     assert models["providers"]["anthropic-proxy"]["apiKey"].startswith("sk-ant-")  # input unchanged
-
-
-def test_backup_file_never_overwrites_an_earlier_backup(tmp_path):
-    original = tmp_path / "models.json"
-    original.write_text("{}\n")
-    original.chmod(0o600)
-    first = backup_file(str(original), "20261202T141503")
-    second = backup_file(str(original), "20261202T141503")
-    assert first == f"{original}.20261202T141503.bak"
-    assert second == f"{original}.20261202T141503-1.bak"
-    assert Path(first).read_text() == "{}\n"
-    assert Path(second).stat().st_mode & 0o777 == 0o600

@@ -1,9 +1,15 @@
-"""The rank's command line and environment equal the measured reference, value for value."""
+"""The rank's command line and environment: the rank role's defaults give the reference, value for value.
+
+The functions have no defaults of their own: every setting is the rank role's variable, so the
+tests build the settings from ``roles/rank/defaults/main.yml`` and the shared role's defaults, the
+way ``roles/rank/tasks/main.yml`` passes them to the filters.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
 
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._rank import (
@@ -12,6 +18,47 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._rank import (
     vllm_serve_args,
 )
 from reference_config import reference_vllm_argv, reference_vllm_env
+from role_defaults import SHARED_ROLE, role_defaults
+
+DEFAULTS = role_defaults(SHARED_ROLE, "rank")
+# What fabric discovery finds on the reference pair (the head's side); NCCL_IB_GID_INDEX comes
+# from it while rank_gid_index is unset.
+IFNAME, HCAS, HOST_IP, GID_INDEX = "enp1s0f1np1", "rocep1s0f1,roceP2p1s0f1", "198.18.0.11", 3
+
+
+def serve_settings(node_rank: int, nnodes: int, master_addr: str, **overrides: Any) -> dict[str, Any]:
+    """The settings roles/rank/tasks/main.yml gives vllm_serve_args, with the roles' defaults."""
+    settings = {
+        "node_rank": node_rank,
+        "nnodes": nnodes,
+        "master_addr": master_addr,
+        "master_port": DEFAULTS["rank_master_port"],
+        "served_model_name": DEFAULTS["dsv41_served_model_name"],
+        "kv_cache_memory_bytes": DEFAULTS["rank_kv_cache_memory_bytes"],
+        "gpu_memory_utilization": DEFAULTS["rank_gpu_memory_utilization"],
+        "max_model_len": DEFAULTS["rank_max_model_len"],
+        "max_num_seqs": DEFAULTS["rank_max_num_seqs"],
+        "max_num_batched_tokens": DEFAULTS["rank_max_num_batched_tokens"],
+        "num_speculative_tokens": DEFAULTS["rank_num_speculative_tokens"],
+        "cudagraph_mode": DEFAULTS["rank_cudagraph_mode"],
+        "capture_sizes": DEFAULTS["rank_cudagraph_capture_sizes"],
+        "api_port": DEFAULTS["dsv41_api_port"],
+        "extra_args": DEFAULTS["rank_extra_args"],
+    }
+    return {**settings, **overrides}
+
+
+def env_settings(**overrides: Any) -> dict[str, Any]:
+    """The settings roles/rank/tasks/main.yml gives vllm_rank_env, with the role's defaults."""
+    settings = {
+        "ifname": IFNAME,
+        "hcas": HCAS,
+        "host_ip": HOST_IP,
+        "gid_index": GID_INDEX,
+        "plan_name": DEFAULTS["rank_plan_name"],
+        "extra": DEFAULTS["rank_extra_env"],
+    }
+    return {**settings, **overrides}
 
 
 @pytest.mark.parametrize(
@@ -34,16 +81,50 @@ def test_capture_sizes_reject_nonsense(nspec, max_seqs):
         cudagraph_capture_sizes(nspec, max_seqs)
 
 
+def test_the_role_defaults_hold_plain_values_of_the_right_types():
+    """What the YAML gives is what the role passes (its ``| int`` and ``| float`` change nothing)."""
+    settings = serve_settings(0, 2, "198.18.0.13")
+    assert all(isinstance(settings[key], int) for key in ("master_port", "max_num_seqs", "api_port"))
+    assert isinstance(settings["gpu_memory_utilization"], float)
+    assert (settings["capture_sizes"], settings["extra_args"], env_settings()["extra"]) == ([], [], {})
+
+
 @pytest.mark.parametrize(("node_rank", "nnodes"), [(0, 2), (1, 2), (0, 3), (2, 3)])
-def test_args_equal_the_reference(node_rank, nnodes):
+def test_args_from_the_role_defaults_equal_the_reference(node_rank, nnodes):
     expected = reference_vllm_argv(node_rank, nnodes, "198.18.0.13")
-    assert vllm_serve_args(node_rank=node_rank, nnodes=nnodes, master_addr="198.18.0.13") == expected
+    assert vllm_serve_args(**serve_settings(node_rank, nnodes, "198.18.0.13")) == expected
+
+
+def test_env_from_the_role_defaults_equals_the_reference():
+    assert vllm_rank_env(**env_settings()) == reference_vllm_env(IFNAME, HOST_IP, HCAS)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["master_port", "served_model_name", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len",
+     "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens", "cudagraph_mode", "api_port"],
+)  # fmt: skip
+def test_every_serving_setting_is_required(setting):
+    settings = serve_settings(0, 2, "198.18.0.13")
+    del settings[setting]
+    with pytest.raises(TypeError, match=setting):
+        vllm_serve_args(**settings)
+
+
+@pytest.mark.parametrize("setting", ["gid_index", "plan_name"])
+def test_every_env_setting_is_required(setting):
+    settings = env_settings()
+    del settings[setting]
+    with pytest.raises(TypeError, match=setting):
+        vllm_rank_env(**settings)
 
 
 def test_serving_settings_flow_into_the_args():
     args = vllm_serve_args(
-        node_rank=0, nnodes=2, master_addr="10.0.0.1", max_num_seqs=4, num_speculative_tokens=3,
-        api_port=9000, extra_args=["--foo", "1"], cudagraph_mode="PIECEWISE",
+        **serve_settings(
+            0, 2, "10.0.0.1", max_num_seqs=4, num_speculative_tokens=3, api_port=9000,
+            extra_args=["--foo", "1"], cudagraph_mode="PIECEWISE",
+        )
     )  # fmt: skip
     value = dict(itertools.pairwise(args))
     assert value["--max-num-seqs"] == "4"
@@ -57,22 +138,19 @@ def test_serving_settings_flow_into_the_args():
 
 
 def test_extra_args_only_on_the_head():
-    assert "--foo" not in vllm_serve_args(node_rank=1, nnodes=2, master_addr="x", extra_args=["--foo"])
+    assert "--foo" not in vllm_serve_args(**serve_settings(1, 2, "x", extra_args=["--foo"]))
 
 
 def test_rank_outside_the_cluster_is_refused():
     with pytest.raises(ValueError, match=r"outside 0\.\.1"):
-        vllm_serve_args(node_rank=2, nnodes=2, master_addr="x")
-
-
-def test_env_equals_the_reference():
-    env = vllm_rank_env(ifname="enp1s0f1np1", hcas="rocep1s0f1,roceP2p1s0f1", host_ip="198.18.0.11")
-    assert env == reference_vllm_env("enp1s0f1np1", "198.18.0.11", "rocep1s0f1,roceP2p1s0f1")
+        vllm_serve_args(**serve_settings(2, 2, "x"))
 
 
 def test_env_takes_gid_plan_and_extra():
-    env = vllm_rank_env(ifname="e", hcas="h", host_ip="1.2.3.4", gid_index=4, plan_name="p.json",
-                        extra={"STANDIN_DECODE_TOKENS_PER_S": 100, "NCCL_DEBUG": "INFO"})  # fmt: skip
+    extra = {"STANDIN_DECODE_TOKENS_PER_S": 100, "NCCL_DEBUG": "INFO"}
+    env = vllm_rank_env(
+        **env_settings(ifname="e", hcas="h", host_ip="1.2.3.4", gid_index=4, plan_name="p.json", extra=extra)
+    )
     assert env["NCCL_IB_GID_INDEX"] == "4"
     assert env["ST_EXL3_PLAN"] == "/plans/p.json"
     assert env["STANDIN_DECODE_TOKENS_PER_S"] == "100"
@@ -84,7 +162,7 @@ def test_env_takes_gid_plan_and_extra():
     [([1, 2, 4, 8], [1, 2, 4, 8]), ([16, "8", 8, 1], [1, 8, 16]), ([32], [32])],
 )
 def test_capture_sizes_override_replaces_the_derived_ones(sizes, expected):
-    args = vllm_serve_args(node_rank=1, nnodes=2, master_addr="x", capture_sizes=sizes)
+    args = vllm_serve_args(**serve_settings(1, 2, "x", capture_sizes=sizes))
     value = dict(itertools.pairwise(args))
     assert json.loads(value["--compilation-config"])["cudagraph_capture_sizes"] == expected
     assert value["--max-cudagraph-capture-size"] == str(expected[-1])
@@ -93,10 +171,10 @@ def test_capture_sizes_override_replaces_the_derived_ones(sizes, expected):
 @pytest.mark.parametrize("sizes", [[0, 8], [-1], ["x"], [None]])
 def test_capture_sizes_override_refuses_nonsense(sizes):
     with pytest.raises(ValueError, match="positive integers"):
-        vllm_serve_args(node_rank=0, nnodes=2, master_addr="x", capture_sizes=sizes)
+        vllm_serve_args(**serve_settings(0, 2, "x", capture_sizes=sizes))
 
 
 def test_no_capture_sizes_override_keeps_the_reference():
-    assert vllm_serve_args(node_rank=0, nnodes=2, master_addr="x", capture_sizes=[]) == vllm_serve_args(
-        node_rank=0, nnodes=2, master_addr="x"
-    )
+    settings = serve_settings(0, 2, "x")
+    without = {key: value for key, value in settings.items() if key not in ("capture_sizes", "extra_args")}
+    assert vllm_serve_args(**{**settings, "capture_sizes": []}) == vllm_serve_args(**without)

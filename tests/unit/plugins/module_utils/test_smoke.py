@@ -232,7 +232,7 @@ def test_every_check_carries_the_usage_of_its_answer():
             return sse("1, ", "2, ", "3", usage={"prompt_tokens": 5, "completion_tokens": 3})
         return chat({"content": "17 * 23 = 391."}, USAGE)
 
-    results = run_checks(client, "m")
+    results = run_checks(client, "m", CHECKS)
     stream = results.pop()
     assert stream.passed and stream.usage == {"prompt_tokens": 5, "completion_tokens": 3}
     assert all(r.usage == {"prompt_tokens": 17, "completion_tokens": 7} for r in results)
@@ -243,7 +243,7 @@ def test_a_refused_request_fails_its_check_with_the_status():
     def client(path, payload, stream):
         return Reply(401, body={"error": {"message": "Unauthorized: missing or invalid bearer token"}})
 
-    results = run_checks(client, "m")
+    results = run_checks(client, "m", CHECKS)
     assert [r.name for r in results] == list(CHECKS)
     assert all(not r.passed and r.evidence.startswith("HTTP 401: Unauthorized") for r in results)
 
@@ -320,7 +320,7 @@ def test_a_model_given_is_asked_without_listing_the_models():
 )
 def test_without_a_model_every_check_fails_when_none_can_be_chosen(listed, evidence):
     client, calls = models_then(chat({"content": "17 * 23 = 391."}), listed)
-    model, results = run_smoke(client, "")
+    model, results = run_smoke(client, "", CHECKS)
     assert model == "" and calls == [("/models", None)]
     assert [r.name for r in results] == list(CHECKS)
     assert all(not r.passed and r.evidence.startswith(evidence) for r in results)

@@ -267,3 +267,47 @@ def test_env_file_ownership_needs_an_env_file(run_module, state_dir, option):
     result = run_module(api_key, {"path": str(state_dir / "api_key"), option: "root"})
     assert result.failed and "env_file" in result["msg"]
     assert list(state_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(("mode", "bits"), [("0640", 0o640), ("u=rw,g=r,o=", 0o640), (0o400, 0o400)])
+def test_mode_option_sets_the_key_file_only(run_module, state_dir, mode, bits):
+    key_file = state_dir / "api_key"
+    env_file = state_dir / "rank.env"
+    args = {"path": str(key_file), "env_file": str(env_file), "mode": mode}
+    first = run_module(api_key, args)
+    assert first["changed"] is True and first["mode"] == f"{bits:04o}"
+    assert key_file.stat().st_mode & 0o777 == bits
+    assert env_file.stat().st_mode & 0o777 == 0o600, "the env file stays root-only"
+
+    before = snapshot(state_dir)
+    assert run_module(api_key, args, check_mode=True)["changed"] is False
+    second = run_module(api_key, args)
+    assert second["changed"] is False and second["mode"] == f"{bits:04o}"
+    assert snapshot(state_dir) == before
+
+
+def test_changed_mode_option_is_applied_in_place_and_check_mode_only_reports_it(run_module, state_dir):
+    key_file = state_dir / "api_key"
+    write_key_file(key_file, f"{KEY}\n")
+    before = snapshot(state_dir)
+    checked = run_module(api_key, {"path": str(key_file), "mode": "0640"}, check_mode=True)
+    assert checked["changed"] is True and checked["mode"] == "0600"  # the file's mode as it is
+    assert snapshot(state_dir) == before
+
+    result = run_module(api_key, {"path": str(key_file), "mode": "0640"})
+    assert result["changed"] is True and result["mode"] == "0640"
+    assert key_file.read_text() == f"{KEY}\n"
+    assert key_file.stat().st_mtime_ns == before["api_key"][1]
+
+
+def test_a_new_key_file_in_check_mode_reports_the_requested_mode(run_module, state_dir):
+    result = run_module(api_key, {"path": str(state_dir / "api_key")}, check_mode=True)
+    assert (result["changed"], result["mode"]) == (True, "0600")
+    assert list(state_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["rw-------", "0999"])
+def test_an_invalid_mode_fails_before_the_key_is_written(run_module, state_dir, mode):
+    result = run_module(api_key, {"path": str(state_dir / "api_key"), "mode": mode})
+    assert result.failed and "mode must be in octal or symbolic form" in result["msg"]
+    assert list(state_dir.iterdir()) == []

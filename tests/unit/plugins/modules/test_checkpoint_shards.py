@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import random
-import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _checkpoint as ck
+from ansible_collections.sparkserve.dsv41.plugins.module_utils import _download as dl
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import FIELDS
 from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_shards
 from dir_snapshot import snapshot as full_snapshot
 
@@ -188,24 +188,12 @@ def test_state_and_progress_files(tmp_path, run_module):
     assert set(json.loads(state.read_text())["files"]) == set(SHARDS)
     assert not (model / ".cache").exists()
     document = json.loads(progress.read_text())
-    assert set(document) == {"phase", "file", "bytes_done", "bytes_total", "started", "updated"}
-    assert document["phase"] == "done"
-    assert document["bytes_done"] == sum(len(b) for b in data.values())
+    assert tuple(document) == FIELDS
+    assert (document["what"], document["phase"], document["unit"]) == ("verification", "done", "bytes")
+    assert document["done"] == document["total"] == sum(len(b) for b in data.values())
 
 
 # --------------------------------------------------------------------------- adopt
-
-
-def download_program():
-    """The role's download program, imported from its path as tests/unit/roles does."""
-    if "dsv41_download" not in sys.modules:
-        path = Path(__file__).resolve().parents[4] / "roles/checkpoint/files/dsv41_download.py"
-        spec = importlib.util.spec_from_file_location("dsv41_download", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["dsv41_download"] = module  # dataclasses resolve annotations through sys.modules
-        spec.loader.exec_module(module)
-    return sys.modules["dsv41_download"]
 
 
 def sizes(data: dict, names) -> int:
@@ -237,8 +225,7 @@ def test_adopt_a_download_sh_directory(tmp_path, run_module, monkeypatch):
     assert [f["action"] for f in second["files"]] == ["trusted"] * 6
 
     # The download now skips the parts of every adopted shard instead of fetching ~197 GB again.
-    dl = download_program()
-    assert dl.verified_shards(str(model)) == SHARDS
+    assert ck.trusted_files(str(model)) == SHARDS
     patterns = dl.ignore_patterns(str(model))
     for name in SHARDS[4:]:
         assert any(fnmatch(f"{name}.part00", pattern) for pattern in patterns), patterns
@@ -261,7 +248,7 @@ def test_adopt_leaves_a_shard_that_exists_only_as_parts(tmp_path, run_module, wo
     after = full_snapshot(model)
     assert {k: v for k, v in after.items() if not k.startswith(".cache")} == parts_before
     # Shard 5's parts are not ignored by the download: they are all there is of it.
-    assert SHARDS[4] not in download_program().verified_shards(str(model))
+    assert SHARDS[4] not in ck.trusted_files(str(model))
 
 
 def test_adopt_reports_a_corrupted_shard_without_failing(tmp_path, run_module):

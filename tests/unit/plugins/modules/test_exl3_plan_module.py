@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -166,3 +167,55 @@ def test_dest_directory_is_rejected(run_module, layout):
     src, dest = layout
     result = run_module(exl3_plan, args(src, dest.parent))
     assert result.failed and "is a directory" in result["msg"]
+
+
+def test_symbolic_mode_then_no_change(run_module, layout):
+    src, dest = layout
+    first = run_module(exl3_plan, args(src, dest, mode="u=rw,g=r,o="))
+    assert first["changed"] is True and first["mode"] == "0640"
+    assert dest.stat().st_mode & 0o777 == 0o640
+    before = snapshot(dest.parent)
+    second = run_module(exl3_plan, args(src, dest, mode="u=rw,g=r,o="))
+    assert second["changed"] is False and second["mode"] == "0640"
+    assert snapshot(dest.parent) == before
+
+
+def test_content_and_mode_both_wrong_show_in_the_diff(run_module, layout):
+    src, dest = layout
+    dest.write_text('{"qdir": "qn"}\n')
+    dest.chmod(0o600)
+    result = run_module(exl3_plan, args(src, dest), diff=True)
+    assert result["changed"] is True and dest.stat().st_mode & 0o777 == 0o644
+    content_diff, mode_diff = result["diff"]
+    assert REFERENCE in content_diff["after"]
+    assert (mode_diff["before"], mode_diff["after"]) == ({"mode": "0600"}, {"mode": "0644"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
+def test_owner_and_group_file_options(run_module, layout):
+    src, dest = layout
+    options = args(src, dest, owner="nobody", group="nogroup")
+    first = run_module(exl3_plan, options)
+    assert first["changed"] is True
+    assert (dest.stat().st_uid, dest.stat().st_gid) == (65534, 65534)
+    before = snapshot(dest.parent)
+    assert run_module(exl3_plan, options)["changed"] is False
+    assert snapshot(dest.parent) == before
+
+    os.chown(dest, 0, 0)
+    before = snapshot(dest.parent)
+    checked = run_module(exl3_plan, options, check_mode=True, diff=True)
+    assert checked["changed"] is True
+    assert checked["diff"][0]["before"] == {"owner": 0, "group": 0}
+    assert snapshot(dest.parent) == before and dest.stat().st_uid == 0
+    assert run_module(exl3_plan, options)["changed"] is True
+    assert dest.stat().st_uid == 65534
+
+
+def test_unknown_owner_fails_naming_it(run_module, layout):
+    src, dest = layout
+    run_module(exl3_plan, args(src, dest))
+    before = snapshot(dest.parent)
+    result = run_module(exl3_plan, args(src, dest, owner="no-such-user-dsv41"))
+    assert result.failed and "no-such-user-dsv41" in result["msg"]
+    assert snapshot(dest.parent) == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -37,8 +38,12 @@ def args(agent_dir: Path, **extra) -> dict:
     return {"config_dir": str(agent_dir), "base_url": BASE_URL, **extra}
 
 
+# module.backup_local's names: <file>.<pid>.<YYYY-MM-DD@HH:MM:SS>~
+BACKUP_NAME = re.compile(r"(models|settings)\.json\.\d+\.\d{4}-\d\d-\d\d@\d\d:\d\d:\d\d~")
+
+
 def backups(agent_dir: Path) -> list[str]:
-    return sorted(path.name for path in agent_dir.glob("*.bak"))
+    return sorted(path.name for path in agent_dir.iterdir() if BACKUP_NAME.fullmatch(path.name))
 
 
 def test_fresh_machine_creates_directory_and_models_only(run_module, agent_dir):
@@ -92,7 +97,7 @@ def test_other_providers_and_settings_are_kept(run_module, agent_dir):
     assert len(result["backup_files"]) == 2
     for backup in result["backup_files"]:
         name = Path(backup).name
-        assert name.startswith(("models.json.", "settings.json.")) and name.endswith(".bak")
+        assert name.startswith(("models.json.", "settings.json.")) and BACKUP_NAME.fullmatch(name)
         original = FIXTURES / (
             "models_other_providers.json" if name.startswith("models") else "settings_enabled_models.json"
         )
@@ -294,3 +299,15 @@ def test_no_diff_when_unchanged(run_module, agent_dir):
     run_module(pi_provider, args(agent_dir))
     result = run_module(pi_provider, args(agent_dir), diff=True)
     assert result["changed"] is False and "diff" not in result
+
+
+def test_backups_keep_the_mode_and_are_listed(run_module, agent_dir):
+    install(agent_dir, "models_other_providers.json", "settings_enabled_models.json")
+    (agent_dir / "models.json").chmod(0o640)
+    result = run_module(pi_provider, args(agent_dir))
+    assert sorted(Path(p).name for p in result["backup_files"]) == backups(agent_dir)
+    assert len(backups(agent_dir)) == 2
+    modes = {name.split(".")[0]: (agent_dir / name).stat().st_mode & 0o777 for name in backups(agent_dir)}
+    assert modes == {"models": 0o640, "settings": 0o600}
+    assert run_module(pi_provider, args(agent_dir))["backup_files"] == []
+    assert len(backups(agent_dir)) == 2

@@ -1,9 +1,10 @@
 # Copyright: sparkserve maintainers (@sparkserve)
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
 # SPDX-License-Identifier: Apache-2.0
-"""Reading, parsing and planning small text/JSON files the way this collection's modules do.
+"""The small files this collection's modules manage: reading, parsing, planning and writing them.
 
-Internal to sparkserve.dsv41; not a public API. Stdlib only: runs on the managed node.
+Internal to sparkserve.dsv41; not a public API. Stdlib only (no Ansible import): it runs on the
+managed node, and pure code without an ``AnsibleModule`` such as ``_checkpoint`` uses it too.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import json
 import os
 import re
 import stat
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+# A name a shell, docker's --env-file and printenv all take.
 ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JSON_TYPE_NAMES: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (type(None), "null"),
@@ -28,6 +31,9 @@ JSON_TYPE_NAMES: tuple[tuple[type | tuple[type, ...], str], ...] = (
 
 class FileContentError(ValueError):
     """A file exists but its content is not what the module can work with."""
+
+
+# --------------------------------------------------------------------------- reading
 
 
 def read_bytes(path: str) -> bytes | None:
@@ -54,6 +60,36 @@ def read_text(path: str, *, lenient: bool = False) -> str | None:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise FileContentError(f"{path} is not UTF-8 text (byte offset {err.start}): {err.reason}") from err
+
+
+def current_mode(path: str) -> int | None:
+    """Permission bits of ``path``, or ``None`` when it does not exist."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def mode_text(path: str, requested: int | str) -> str:
+    """The permissions of ``path`` as octal text; ``requested`` (as given) while ``path`` does not exist.
+
+    What a module reports as its file's mode: after the run the file's own, so a symbolic
+    ``mode`` option shows as the bits it gave; in check mode a file not created yet has only the
+    requested one.
+    """
+    mode = current_mode(path)
+    if mode is not None:
+        return f"{mode:04o}"
+    return f"{requested:04o}" if isinstance(requested, int) else str(requested)
+
+
+def missing_parent_dir(path: str) -> str | None:
+    """The parent directory of ``path`` when it does not exist (or is no directory), else ``None``."""
+    parent = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(parent) else parent
+
+
+# --------------------------------------------------------------------------- JSON
 
 
 def load_json_object(path: str, text: str, *, empty_ok: bool = False) -> dict[str, Any]:
@@ -93,34 +129,7 @@ def json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def missing_parent_dir(path: str) -> str | None:
-    """The parent directory of ``path`` when it does not exist (or is no directory), else ``None``."""
-    parent = os.path.dirname(os.path.abspath(path))
-    return None if os.path.isdir(parent) else parent
-
-
-def current_mode(path: str) -> int | None:
-    """Permission bits of ``path``, or ``None`` when it does not exist."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return None
-
-
-def parse_mode(value: Any) -> int:
-    """Accept an Ansible-style file mode: an octal string (``'0644'``) or an int (YAML ``0644``)."""
-    if isinstance(value, bool):
-        raise ValueError(f"mode must be an octal string such as '0644', got {value!r}")
-    if isinstance(value, int):
-        mode = value
-    else:
-        text = str(value).strip()
-        if not re.fullmatch(r"0?[0-7]{3,4}|0o[0-7]{3,4}", text):
-            raise ValueError(f"mode must be an octal string such as '0644', got {value!r}")
-        mode = int(text.removeprefix("0o"), 8)
-    if not 0 <= mode <= 0o7777:
-        raise ValueError(f"mode must be between 0000 and 7777 (octal), got {value!r}")
-    return mode
+# --------------------------------------------------------------------------- planning and writing
 
 
 @dataclass(frozen=True)
@@ -143,3 +152,40 @@ class TextFilePlan:
             "before": (self.before or "") if before is None else before,
             "after": self.after if after is None else after,
         }
+
+
+def write_atomically(module, path: str, data: bytes, mode: int | str | None = None) -> None:
+    """Replace ``path`` with ``data`` through a temporary file in the same directory.
+
+    The temporary file is created 0600 (mkstemp), so a secret is never readable by others while
+    it is written, and is given ``mode`` before the rename; a reader (or a crash) sees the old or
+    the new content, never half of it.
+
+    Without a module (``module=None``: pure code such as the checkpoint state and progress files)
+    ``mode`` is an int and the rename is ``os.replace``, which keeps it.
+
+    With a module ``mode`` is anything the ``mode`` file option takes (octal or symbolic): the
+    module's ``set_mode_if_different`` applies it to the temporary file, so an invalid mode fails
+    the module before ``path`` is touched. The rename is ``module.atomic_move`` (SELinux contexts,
+    cross-device fallbacks, the ``unsafe_writes`` option when the module has it), which gives an
+    existing file back its owner, group and mode and a new one the umask's permissions: the caller
+    applies the file's attributes afterwards (``module.set_fs_attributes_if_different``, which
+    also reports them in diff mode), as Ansible's own modules do.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if module is None:
+            if mode is not None:
+                os.chmod(tmp_path, mode)
+            os.replace(tmp_path, path)
+        else:
+            module.set_mode_if_different(tmp_path, mode, False)
+            module.atomic_move(tmp_path, path, unsafe_writes=bool(module.params.get("unsafe_writes")))
+    finally:
+        if os.path.exists(tmp_path):
+            os.unlink(tmp_path)

@@ -1,0 +1,342 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""Download the checkpoint from a Hugging Face hub into the model directory, resumably.
+
+Internal to sparkserve.dsv41; not a public API; used by the ``checkpoint_download`` module.
+Stdlib only at import time: ``huggingface_hub`` is imported by :class:`HubClient` alone, on the
+node, with the Python of the download virtualenv. Tests hand :func:`run_download` a fake client
+with the same three methods.
+
+* :func:`ignore_patterns`: the parts of shards that ``checkpoint_shards`` already rebuilt and
+  verified (its state file, read through ``_checkpoint.trusted_files``) are not fetched again;
+* :func:`run_download`: ``snapshot_download`` with progress from the bytes arriving on disk, and
+  ``changed`` from the model directory's file listing before and after;
+* :func:`check_download`: what a download would fetch, from the hub's listing (check mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import threading
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any, Protocol
+
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import trusted_files
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
+    FileContentError,
+    read_text,
+)
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import (
+    PROGRESS_INTERVAL,
+    ProgressWriter,
+    human_bytes,
+)
+
+HF_DOWNLOAD_CACHE = os.path.join(".cache", "huggingface", "download")
+# Never part of the checkpoint's listing: huggingface_hub's metadata and our verification records.
+SKIPPED_TOP_DIRS = frozenset({".cache"})
+
+
+class DownloadError(Exception):
+    """A problem the operator has to fix; the message says what. ``changed``: files changed anyway."""
+
+    def __init__(self, message: str, changed: bool = False) -> None:
+        super().__init__(message)
+        self.changed = changed
+
+
+class HubMissing(DownloadError):
+    """``huggingface_hub`` cannot be imported by this Python."""
+
+
+class Hub(Protocol):
+    """What the download needs of a hub client."""
+
+    def list_files(self, repo_id: str, revision: str | None) -> dict[str, int]: ...
+
+    def select(self, names: list[str], ignore_patterns: list[str]) -> list[str]: ...
+
+    def download(
+        self, repo_id: str, revision: str | None, local_dir: str, ignore_patterns: list[str], max_workers: int
+    ) -> None: ...
+
+
+class HubClient:
+    """``huggingface_hub`` behind the three calls of :class:`Hub`.
+
+    ``endpoint`` and ``token`` are passed to every call: huggingface_hub reads ``HF_ENDPOINT``
+    only once, when it is imported, and the token never goes through the environment.
+    """
+
+    def __init__(self, endpoint: str | None, token: str | None) -> None:
+        try:
+            # Imported here, never at module level: only the download virtualenv has it.
+            from huggingface_hub import HfApi, snapshot_download  # noqa: PLC0415
+            from huggingface_hub.utils import filter_repo_objects  # noqa: PLC0415
+        except ImportError as exc:
+            raise HubMissing(str(exc)) from exc
+        self.endpoint = endpoint
+        self.token = token
+        self.api = HfApi(endpoint=endpoint, token=token)
+        self._snapshot_download = snapshot_download
+        self._filter = filter_repo_objects
+
+    def list_files(self, repo_id: str, revision: str | None) -> dict[str, int]:
+        tree = self.api.list_repo_tree(repo_id, revision=revision, recursive=True)
+        return {entry.path: entry.size for entry in tree if getattr(entry, "size", None) is not None}
+
+    def select(self, names: list[str], ignore_patterns: list[str]) -> list[str]:
+        return list(self._filter(names, ignore_patterns=ignore_patterns or None))
+
+    def download(
+        self, repo_id: str, revision: str | None, local_dir: str, ignore_patterns: list[str], max_workers: int
+    ) -> None:
+        self._snapshot_download(
+            repo_id,
+            revision=revision,
+            local_dir=local_dir,
+            endpoint=self.endpoint,
+            token=self.token,
+            ignore_patterns=ignore_patterns or None,
+            max_workers=max_workers,
+        )
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def read_token(path: str | None) -> str | None:
+    """The token in ``path`` (stripped); ``None`` without a path, file or content."""
+    if not path:
+        return None
+    try:
+        token = read_text(path)
+    except (OSError, FileContentError) as exc:
+        raise DownloadError(f"cannot read the token file {path}: {exc}") from exc
+    return (token or "").strip() or None
+
+
+def hub_environment(environ: MutableMapping[str, str], endpoint: str | None) -> str | None:
+    """Prepare ``environ`` for huggingface_hub, before it is imported; return the endpoint to use.
+
+    ``endpoint`` wins over ``HF_ENDPOINT``; empty ``HF_ENDPOINT``/``HF_TOKEN`` are dropped (an empty
+    endpoint breaks every URL); progress bars stay out of the job's output (the progress file
+    says more).
+    """
+    for name in ("HF_ENDPOINT", "HF_TOKEN"):
+        if name in environ and not environ[name].strip():
+            del environ[name]
+    if endpoint:
+        environ["HF_ENDPOINT"] = endpoint
+    environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    return environ.get("HF_ENDPOINT") or None
+
+
+def ignore_patterns(model_dir: str, state_file: str | None = None) -> list[str]:
+    """``<shard>.part*`` for every manifest entry a verification run would trust as it is.
+
+    ``snapshot_download`` fetches every file of the repo missing locally, so without these
+    patterns it would fetch the deleted parts of shards 5 and 6 again (~197 GB).
+    """
+    return [f"{glob.escape(name)}.part*" for name in trusted_files(model_dir, state_file)]
+
+
+# --------------------------------------------------------------------------- the model directory
+
+
+def listing(model_dir: str) -> dict[str, tuple[int, int]]:
+    """``{relative path: (size, mtime_ns)}`` of the files under ``model_dir``, ``.cache/`` aside."""
+    result: dict[str, tuple[int, int]] = {}
+    if not os.path.isdir(model_dir):
+        return result
+    for dirpath, dirnames, filenames in os.walk(model_dir):
+        if dirpath == model_dir:
+            dirnames[:] = [d for d in dirnames if d not in SKIPPED_TOP_DIRS]
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                result[os.path.relpath(path, model_dir)] = (info.st_size, info.st_mtime_ns)
+    return result
+
+
+def compare_listings(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """What changed between two :func:`listing` results; ``changed`` is true on any difference."""
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    updated = sorted(name for name in set(before) & set(after) if before[name] != after[name])
+    return {
+        "changed": bool(added or removed or updated),
+        "added": added,
+        "updated": updated,
+        "removed": removed,
+        "bytes_added": sum(after[name][0] for name in added + updated),
+    }
+
+
+def downloaded_bytes(model_dir: str, expected: dict[str, int]) -> int:
+    """Bytes of the ``expected`` files that are in place, plus the ones still downloading.
+
+    ``huggingface_hub`` writes each file as ``.cache/huggingface/download/…/*.incomplete`` and
+    renames it into place when done, so the sum grows steadily while it works.
+    """
+    done = 0
+    for name, size in expected.items():
+        with contextlib.suppress(OSError):
+            done += min(os.stat(os.path.join(model_dir, name)).st_size, size)
+    for dirpath, _dirnames, filenames in os.walk(os.path.join(model_dir, HF_DOWNLOAD_CACHE)):
+        for name in filenames:
+            if name.endswith(".incomplete"):
+                with contextlib.suppress(OSError):
+                    done += os.stat(os.path.join(dirpath, name)).st_size
+    total = sum(expected.values())
+    return min(done, total) if total else done
+
+
+def missing_files(model_dir: str, expected: dict[str, int]) -> list[str]:
+    """The ``expected`` files that are absent or of another size (what a download would fetch)."""
+    missing = []
+    for name, size in sorted(expected.items()):
+        try:
+            present = os.stat(os.path.join(model_dir, name)).st_size == size
+        except OSError:
+            present = False
+        if not present:
+            missing.append(name)
+    return missing
+
+
+def download_message(repo_id: str, model_dir: str, comparison: dict[str, Any], files_total: int) -> str:
+    if not comparison["changed"]:
+        return f"{model_dir} is up to date with {repo_id} ({files_total} files); nothing downloaded"
+    count = len(comparison["added"]) + len(comparison["updated"])
+    amount = human_bytes(comparison["bytes_added"])
+    return f"downloaded {count} files ({amount}) of {repo_id} into {model_dir}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def list_expected(
+    hub: Hub, repo_id: str, revision: str | None, patterns: list[str]
+) -> tuple[dict[str, int], str | None]:
+    """``({file: size} the download will fetch or keep, None)``, or ``({}, why the hub did not say)``."""
+    try:
+        sizes = hub.list_files(repo_id, revision)
+        selected = hub.select(list(sizes), patterns)
+    except Exception as exc:  # the hub's errors are many; the download itself decides what they mean
+        return {}, _first_line(exc)
+    return {name: sizes[name] for name in selected}, None
+
+
+# --------------------------------------------------------------------------- the download
+
+
+def check_download(
+    hub: Hub, *, repo_id: str, revision: str | None, model_dir: str, patterns: list[str]
+) -> dict[str, Any]:
+    """What :func:`run_download` would fetch, from the hub's listing; writes nothing (check mode).
+
+    ``would_download``: the files absent here or of another size. huggingface_hub may also
+    fetch a file of the same size whose content changed upstream; that shows only in a real run.
+    """
+    expected, listing_error = list_expected(hub, repo_id, revision, patterns)
+    would = missing_files(model_dir, expected)
+    if listing_error:
+        message = f"the hub did not list {repo_id} ({listing_error}); cannot tell what a download would fetch"
+    elif would:
+        amount = human_bytes(sum(expected[name] for name in would))
+        message = f"would download {len(would)} files ({amount}) of {repo_id} into {model_dir}"
+    else:
+        message = f"{model_dir} holds every file of {repo_id} ({len(expected)} files); nothing to download"
+    return {
+        "changed": bool(would),
+        "would_download": would,
+        "files_total": len(expected),
+        "bytes_total": sum(expected.values()) if expected else None,
+        "listing_error": listing_error,
+        "msg": message,
+    }
+
+
+def run_download(
+    hub: Hub,
+    *,
+    repo_id: str,
+    revision: str | None,
+    model_dir: str,
+    patterns: list[str],
+    workers: int,
+    progress: ProgressWriter,
+    interval: float = PROGRESS_INTERVAL,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Download ``repo_id`` into ``model_dir`` skipping ``patterns``; the module's result.
+
+    ``progress`` counts the bytes this run adds (files already in place are the ``detail``).
+    Raises :class:`DownloadError` (with ``changed``) when the download fails.
+    """
+    started = monotonic()
+    before = listing(model_dir)
+    progress.update(force=True, phase="listing")
+    expected, listing_error = list_expected(hub, repo_id, revision, patterns)
+    total = sum(expected.values()) if expected else None
+    present = downloaded_bytes(model_dir, expected) if expected else 0
+    progress.update(
+        force=True,
+        phase="downloading",
+        done=0,
+        total=None if total is None else total - present,
+        detail=f"{human_bytes(present)} of {human_bytes(total)} already there" if present else None,
+    )
+
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval):
+            progress.update(done=max(0, downloaded_bytes(model_dir, expected) - present))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    if expected:
+        watcher.start()
+    try:
+        hub.download(repo_id, revision, model_dir, patterns, workers)
+    except Exception as exc:
+        stop.set()
+        progress.finish(failed=True)
+        comparison = compare_listings(before, listing(model_dir))
+        raise DownloadError(
+            f"downloading {repo_id} (revision {revision or 'main'}) into {model_dir} failed: "
+            f"{type(exc).__name__}: {exc}",
+            comparison["changed"],
+        ) from exc
+    finally:
+        stop.set()
+        if watcher.is_alive():
+            watcher.join()
+    comparison = compare_listings(before, listing(model_dir))
+    if expected:
+        progress.finish(done=max(0, downloaded_bytes(model_dir, expected) - present))
+    else:
+        progress.finish(done=comparison["bytes_added"])
+    message = download_message(repo_id, model_dir, comparison, len(expected))
+    if listing_error:
+        # huggingface_hub keeps an existing local_dir when the hub cannot be asked (offline, 401).
+        message += f"; WARNING: the hub did not list the repo ({listing_error}), the local files were kept"
+    return {
+        "changed": comparison["changed"],
+        "files_total": len(expected),
+        "bytes_total": total,
+        "added": comparison["added"],
+        "updated": comparison["updated"],
+        "bytes_downloaded": comparison["bytes_added"],
+        "seconds": round(monotonic() - started, 3),
+        "listing_error": listing_error,
+        "msg": message,
+    }

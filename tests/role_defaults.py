@@ -1,0 +1,35 @@
+"""The collection's role defaults as a play sees them, for tests that hold them against the reference.
+
+A role's ``defaults/main.yml`` is plain YAML values, except a few templates over other defaults
+(``dsv41_api_key_file``, ``pi_model_id``): those are rendered here with Jinja2's native types, as
+Ansible does, against the defaults of the roles loaded together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jinja2.nativetypes import NativeEnvironment
+
+ROLES = Path(__file__).resolve().parent.parent / "roles"
+# The role whose defaults are the settings every role shares (dsv41_*).
+SHARED_ROLE = "shared"
+
+
+def role_defaults(*roles: str) -> dict[str, Any]:
+    """The defaults of ``roles`` (later roles win, as in a play), templates rendered."""
+    defaults: dict[str, Any] = {}
+    for role in roles:
+        defaults.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {})
+    environment = NativeEnvironment()
+    for _ in range(len(defaults)):  # a template over a template resolves on a later pass
+        templates = {
+            name: value for name, value in defaults.items() if isinstance(value, str) and "{{" in value
+        }
+        if not templates:
+            break
+        for name, value in templates.items():
+            defaults[name] = environment.from_string(value).render(defaults)
+    return defaults

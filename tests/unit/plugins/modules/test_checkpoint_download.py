@@ -1,0 +1,217 @@
+"""Tests of the checkpoint_download module: the real huggingface_hub against the lab's hub stand-in.
+
+The stand-in (lab/standins/hub) serves a ~3 MB checkpoint with a token on a loopback port, in this
+process; nothing here needs the network, root or Docker. The download logic alone, against a
+fake hub client, is tested in tests/unit/plugins/module_utils/test_download.py.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from ansible_collections.sparkserve.dsv41.plugins.module_utils import _checkpoint as ck
+from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_download
+from dir_snapshot import snapshot
+
+pytest.importorskip("huggingface_hub")
+
+REPO_ROOT = Path(__file__).resolve().parents[4]
+HUB_DIR = REPO_ROOT / "lab" / "standins" / "hub"
+REPO_ID = "0xSero/DeepSeek-V4.1-Flash-Spark"
+SHARD5 = "model-00005-of-00006.safetensors"
+SHARD6 = "model-00006-of-00006.safetensors"
+WRONG_TOKEN = "hf_wrong_token_value"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The lab's hub stand-in with a ~3 MB checkpoint and a token, on a loopback port."""
+    make_checkpoint = _load("checkpoint_download_test_make_checkpoint", HUB_DIR / "make_checkpoint.py")
+    standin = _load("checkpoint_download_test_hub", HUB_DIR / "hf_hub_standin.py")
+    root = tmp_path_factory.mktemp("hub")
+    make_checkpoint.generate(root / REPO_ID, size_mb=3, exl3_layers=2)
+    token = "hf_test_" + "a" * 24
+    log_path = tmp_path_factory.mktemp("hub-log") / "access.log"
+    with log_path.open("a") as log:
+        server = standin.serve_in_thread(root, token=token, access_log=log)
+        try:
+            yield {"url": server.url, "token": token, "log": log_path}
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def download(hub, tmp_path, run_module, monkeypatch):
+    """``download(model_dir, token_file, check_mode=False)`` -> the module's result."""
+    for name in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test: the module sets some
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+
+    def _run(model_dir: Path, token_file: Path, check_mode: bool = False):
+        args = {
+            "repo_id": REPO_ID,
+            "model_dir": str(model_dir),
+            "token_file": str(token_file),
+            "endpoint": hub["url"],
+            "workers": 4,
+            "progress_file": str(tmp_path / "progress.json"),
+        }
+        return run_module(checkpoint_download, args, check_mode=check_mode)
+
+    return _run
+
+
+def fetched(log: Path, since: int) -> list[str]:
+    records = [json.loads(line) for line in log.read_text().splitlines()[since:]]
+    return [r["path"] for r in records if r["method"] == "GET" and "/resolve/" in r["path"]]
+
+
+def log_length(hub) -> int:
+    return len(hub["log"].read_text().splitlines())
+
+
+def rebuild(model_dir: Path) -> dict[str, Any]:
+    """What the checkpoint_shards module does: rebuild, verify, delete the parts, record."""
+    model = str(model_dir)
+    state = ck.default_state_file(model)
+    manifest = ck.read_manifest(model)
+    records, _ = ck.load_state(state, model)
+    actions = ck.plan_actions(manifest, ck.scan_checkpoint(model, manifest), records, False)
+    report, errors = ck.apply_plan(actions, model, records, state, check_mode=False, workers=2)
+    assert errors == []
+    return report
+
+
+def test_download_rebuild_and_rerun_fetch_nothing_again(hub, download, tmp_path):
+    model_dir = tmp_path / "models" / "DeepSeek-V4.1-Flash-Spark"
+    token_file = tmp_path / "hf-token"
+    token_file.write_text(hub["token"] + "\n")
+
+    first = download(model_dir, token_file)
+    assert not first.failed, first
+    assert first["changed"] is True
+    assert first["ignore_patterns"] == []
+    assert first["files_total"] == len(first["added"]) > 10
+    assert f"{SHARD5}.part00" in first["added"]
+    assert (first["repo_id"], first["revision"], first["model_dir"]) == (REPO_ID, "main", str(model_dir))
+    assert first["msg"].startswith(f"downloaded {len(first['added'])} files (")
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert (progress["what"], progress["phase"], progress["unit"]) == ("download", "done", "bytes")
+    assert progress["done"] == progress["total"] == first["bytes_total"]
+    assert hub["token"] not in json.dumps(first)
+    documented = yaml.safe_load(checkpoint_download.RETURN)
+    assert set(documented) - {"would_download"} == set(first) - {"changed", "invocation"}
+
+    report = rebuild(model_dir)
+    assert {f["file"] for f in report["files"] if f["action"] == "rebuilt"} == {SHARD5, SHARD6}
+    assert not list(model_dir.glob("*.part*"))
+
+    # The re-run changes nothing and, above all, does not fetch the deleted parts again.
+    since = log_length(hub)
+    again = download(model_dir, token_file)
+    assert not again.failed, again
+    assert again["changed"] is False
+    assert {f"{SHARD5}.part*", f"{SHARD6}.part*"} <= set(again["ignore_patterns"])
+    assert "up to date" in again["msg"]
+    assert fetched(hub["log"], since) == []
+    assert not list(model_dir.glob("*.part*"))
+
+    # Check mode asks the hub what it holds, and finds nothing to fetch.
+    before = snapshot(tmp_path)
+    checked = download(model_dir, token_file, check_mode=True)
+    assert (checked["changed"], checked["would_download"]) == (False, [])
+    assert snapshot(tmp_path) == before
+
+    # A file lost since is fetched again, and only that one.
+    (model_dir / "config.json").unlink()
+    checked = download(model_dir, token_file, check_mode=True)
+    assert (checked["changed"], checked["would_download"]) == (True, ["config.json"])
+    since = log_length(hub)
+    third = download(model_dir, token_file)
+    assert (third["changed"], third["added"]) == (True, ["config.json"])
+    assert [path.rsplit("/", 1)[1] for path in fetched(hub["log"], since)] == ["config.json"]
+
+
+def test_check_mode_on_an_empty_directory_writes_nothing(hub, download, tmp_path):
+    token_file = tmp_path / "hf-token"
+    token_file.write_text(hub["token"])
+    before = snapshot(tmp_path)
+    result = download(tmp_path / "model", token_file, check_mode=True)
+    assert not result.failed, result
+    assert result["changed"] is True
+    assert f"{SHARD5}.part00" in result["would_download"]
+    assert result["msg"].startswith(f"would download {result['files_total']} files")
+    assert snapshot(tmp_path) == before
+
+
+def test_without_the_token_it_fails_clearly_and_never_shows_a_token(hub, download, tmp_path):
+    model_dir = tmp_path / "model"
+    result = download(model_dir, tmp_path / "no-token-file")
+    assert result.failed
+    assert result["changed"] is False
+    assert result["msg"].startswith(f"downloading {REPO_ID} (revision main) into {model_dir} failed: ")
+    assert "RepositoryNotFoundError" in result["msg"]
+    assert json.loads((tmp_path / "progress.json").read_text())["phase"] == "failed"
+
+    (tmp_path / "wrong").write_text(WRONG_TOKEN)
+    result = download(model_dir, tmp_path / "wrong")
+    assert result.failed
+    assert WRONG_TOKEN not in json.dumps(result)
+
+
+def test_a_hub_refusing_the_token_keeps_local_files_with_a_warning(hub, download, tmp_path):
+    model_dir = tmp_path / "model"
+    token_file = tmp_path / "hf-token"
+    token_file.write_text(hub["token"])
+    assert not download(model_dir, token_file).failed
+    token_file.write_text(WRONG_TOKEN)
+    result = download(model_dir, token_file)
+    assert not result.failed, result
+    assert result["changed"] is False
+    assert "WARNING: the hub did not list the repo" in result["msg"]
+    assert result["listing_error"]
+    assert WRONG_TOKEN not in json.dumps(result)
+
+
+def test_without_huggingface_hub_it_says_where_to_get_it(tmp_path, run_module, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_hub(name, *args, **kwargs):
+        if name.startswith("huggingface_hub"):
+            raise ModuleNotFoundError("No module named 'huggingface_hub'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_hub)
+    for name in ("HF_ENDPOINT", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)
+    before = snapshot(tmp_path)
+    result = run_module(checkpoint_download, {"repo_id": REPO_ID, "model_dir": str(tmp_path / "model")})
+    assert result.failed
+    assert "Failed to import the required Python library (huggingface_hub)" in result["msg"]
+    assert "runs this module with that virtualenv's Python" in result["msg"]
+    assert snapshot(tmp_path) == before
+
+
+def test_workers_must_be_positive(tmp_path, run_module):
+    result = run_module(checkpoint_download, {"repo_id": REPO_ID, "model_dir": str(tmp_path), "workers": 0})
+    assert result.failed
+    assert "workers must be at least 1" in result["msg"]
