@@ -1,7 +1,7 @@
 """The collection's role defaults as a play sees them, for tests that hold them against the reference.
 
 A role's ``defaults/main.yml`` is plain YAML values, except a few templates over other defaults
-(``dsv41_api_key_file``, ``pi_model_id``): those are rendered here with Jinja2's native types, as
+(``deployment_api_key_file``, ``pi_model_id``): those are rendered here with Jinja2's native types, as
 Ansible does, against the defaults of the roles loaded together.
 """
 
@@ -15,7 +15,7 @@ from jinja2.nativetypes import NativeEnvironment
 
 ROLES = Path(__file__).resolve().parent.parent / "roles"
 # The role whose defaults are the settings every role shares (dsv41_*).
-SHARED_ROLE = "shared"
+SHARED_ROLE = "deployment"
 
 
 def role_defaults(*roles: str) -> dict[str, Any]:

@@ -38,13 +38,13 @@ EXAMPLES = r"""
   ansible.builtin.debug:
     msg: >-
       {{ {'node_rank': 1, 'nnodes': 2, 'master_addr': '198.18.0.13',
-          'master_port': rank_master_port, 'served_model_name': dsv41_served_model_name,
+          'master_port': rank_master_port, 'served_model_name': deployment_served_model_name,
           'kv_cache_memory_bytes': rank_kv_cache_memory_bytes,
           'gpu_memory_utilization': rank_gpu_memory_utilization,
           'max_model_len': rank_max_model_len, 'max_num_seqs': rank_max_num_seqs,
           'max_num_batched_tokens': rank_max_num_batched_tokens,
           'num_speculative_tokens': rank_num_speculative_tokens,
-          'cudagraph_mode': rank_cudagraph_mode, 'api_port': dsv41_api_port}
+          'cudagraph_mode': rank_cudagraph_mode, 'api_port': deployment_api_port}
          | sparkserve.dsv41.vllm_serve_args }}
 """
 

@@ -27,7 +27,7 @@ atomically, at most every :data:`PROGRESS_INTERVAL` seconds unless forced::
 ``detail``
     one short human text: the file at hand, the last measurement.
 
-The ``job_wait`` module (task file ``roles/shared/tasks/wait.yml``) polls the job's Ansible results
+The ``job_wait`` module (task file ``roles/deployment/tasks/wait.yml``) polls the job's Ansible results
 file with :func:`wait_for_job` and shows :func:`progress_line` once per poll.
 """
 

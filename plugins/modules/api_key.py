@@ -95,7 +95,7 @@ notes:
 EXAMPLES = r"""
 - name: Make sure the API key exists (generated once, kept afterwards)
   sparkserve.dsv41.api_key:
-    path: "{{ dsv41_state_dir }}/api_key"
+    path: "{{ deployment_state_dir }}/api_key"
 
 - name: Key owned by the operator, env file for the rank containers owned by root
   become: true
@@ -110,7 +110,7 @@ EXAMPLES = r"""
 
 - name: Rotate the key
   sparkserve.dsv41.api_key:
-    path: "{{ dsv41_state_dir }}/api_key"
+    path: "{{ deployment_state_dir }}/api_key"
     env_file: /etc/dsv41/rank.env
     regenerate: always
 """

@@ -60,8 +60,8 @@ attributes:
 EXAMPLES = r"""
 - name: Write this node's copy of the EXL3 plan
   sparkserve.dsv41.exl3_plan:
-    src: "{{ dsv41_model_dir }}/exl3/plan/J268-ho-v31-K5n.json"
-    dest: "{{ dsv41_state_dir }}/plans/J268-ho-v31-K5n.json"
+    src: "{{ deployment_model_dir }}/exl3/plan/J268-ho-v31-K5n.json"
+    dest: "{{ deployment_state_dir }}/plans/J268-ho-v31-K5n.json"
 
 - name: Banks mounted somewhere else inside the container
   sparkserve.dsv41.exl3_plan:

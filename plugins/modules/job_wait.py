@@ -17,7 +17,7 @@ description:
     file is O(results_file), and returns as soon as it has finished. Reads the job's O(progress_file)
     (the collection's progress document) and returns one line about it, RV(line).
   - Called in a loop that shows RV(line) as its label and stops when RV(finished), it prints the
-    progress of a long job once per poll - the task file C(wait) of the C(sparkserve.dsv41.shared)
+    progress of a long job once per poll - the task file C(wait) of the C(sparkserve.dsv41.deployment)
     role does that, then collects the result with M(ansible.builtin.async_status).
   - A job is finished when its results file no longer says it is running, as
     M(ansible.builtin.async_status) decides it. A job stopped at its C(async) timeout is finished and

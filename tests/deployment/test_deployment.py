@@ -166,7 +166,7 @@ def test_teardown_keeps_state_and_model_and_site_brings_everything_back(lab):
 
 def test_playbooks_run_by_fqcn_from_the_installed_collection_and_purge_only_when_asked(lab, fqcn):
     key = api_key(lab)
-    run, _ = fqcn("teardown", "-e", "dsv41_purge_state=true")
+    run, _ = fqcn("teardown", "-e", "deployment_purge_state=true")
     try:
         assert run.returncode == 0, run.stdout[-3000:]
         assert_stopped(lab)
@@ -216,11 +216,11 @@ def test_logs_name_the_variable_when_the_rank_does_not_exist():
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("dsv41_api_port=70000", "dsv41_api_port"),
-        ("dsv41_image=registry.example/dsv41:latest", "dsv41_image"),
+        ("deployment_api_port=70000", "deployment_api_port"),
+        ("deployment_image=registry.example/dsv41:latest", "deployment_image"),
         ("rank_kv_cache_memory_bytes=-1", "rank_kv_cache_memory_bytes"),
         ("rank_master_port=0", "rank_master_port"),
-        ("dsv41_worker_group=nobody", "dsv41_worker_group"),
+        ("deployment_worker_group=nobody", "deployment_worker_group"),
     ],
 )
 def test_bad_variables_fail_in_preflight_naming_the_variable(override, named):

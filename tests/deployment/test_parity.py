@@ -67,7 +67,7 @@ def test_overrides_of_the_original_scripts_reach_the_ranks(lab):
     root = sysfs_fixture({"head": 5, "worker": 5})
     overrides = {
         "fabric_sysfs_root": root,
-        "dsv41_api_key_file": "~/.config/dsv41/api_key",
+        "deployment_api_key_file": "~/.config/dsv41/api_key",
         "rank_cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24],
         "rank_wait_for_api": False,
         # A boot that takes a while, so that not waiting shows.
@@ -96,7 +96,9 @@ def test_overrides_of_the_original_scripts_reach_the_ranks(lab):
         assert http_status(MODELS_URL, {"Authorization": f"Bearer {old_key}"}) == 401
         # The clients take the key from the same file.
         smoke, _ = run_playbook(
-            "playbooks/smoke.yml", "-e", json.dumps({"dsv41_api_key_file": overrides["dsv41_api_key_file"]})
+            "playbooks/smoke.yml",
+            "-e",
+            json.dumps({"deployment_api_key_file": overrides["deployment_api_key_file"]}),
         )
         assert smoke.returncode == 0 and new_key not in smoke.stdout, smoke.stdout[-3000:]
     finally:

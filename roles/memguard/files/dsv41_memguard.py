@@ -38,7 +38,7 @@ GIB = 1024**3
 MIB = 1024**2
 KIB = 1024
 
-DEFAULT_STATE_DIR = "~/.dsv41-two-sparks"  # the collection's dsv41_state_dir default
+DEFAULT_STATE_DIR = "~/.dsv41-two-sparks"  # the collection's deployment_state_dir default
 CMDLINE_MAX_CHARS = 200  # keeps a trace line readable; the head of argv identifies the process
 # Docker container names are [a-zA-Z0-9][a-zA-Z0-9_.-]*; restricting the prefix to that set keeps
 # it harmless inside the `name=^<prefix>` regex filter and unable to look like a CLI option.

@@ -1,7 +1,7 @@
 """The rank's command line and environment: the rank role's defaults give the reference, value for value.
 
 The functions have no defaults of their own: every setting is the rank role's variable, so the
-tests build the settings from ``roles/rank/defaults/main.yml`` and the shared role's defaults, the
+tests build the settings from ``roles/rank/defaults/main.yml`` and the deployment role's defaults, the
 way ``roles/rank/tasks/main.yml`` passes them to the filters.
 """
 
@@ -33,7 +33,7 @@ def serve_settings(node_rank: int, nnodes: int, master_addr: str, **overrides: A
         "nnodes": nnodes,
         "master_addr": master_addr,
         "master_port": DEFAULTS["rank_master_port"],
-        "served_model_name": DEFAULTS["dsv41_served_model_name"],
+        "served_model_name": DEFAULTS["deployment_served_model_name"],
         "kv_cache_memory_bytes": DEFAULTS["rank_kv_cache_memory_bytes"],
         "gpu_memory_utilization": DEFAULTS["rank_gpu_memory_utilization"],
         "max_model_len": DEFAULTS["rank_max_model_len"],
@@ -42,7 +42,7 @@ def serve_settings(node_rank: int, nnodes: int, master_addr: str, **overrides: A
         "num_speculative_tokens": DEFAULTS["rank_num_speculative_tokens"],
         "cudagraph_mode": DEFAULTS["rank_cudagraph_mode"],
         "capture_sizes": DEFAULTS["rank_cudagraph_capture_sizes"],
-        "api_port": DEFAULTS["dsv41_api_port"],
+        "api_port": DEFAULTS["deployment_api_port"],
         "extra_args": DEFAULTS["rank_extra_args"],
     }
     return {**settings, **overrides}

@@ -1,7 +1,7 @@
-"""The shared role's `wait` task file, run by ansible-playbook on this machine (no lab).
+"""The deployment role's `wait` task file, run by ansible-playbook on this machine (no lab).
 
 One playbook starts four background jobs that write the collection's progress document and waits
-for each with `include_role: sparkserve.dsv41.shared, tasks_from: wait`: one succeeds, one fails,
+for each with `include_role: sparkserve.dsv41.deployment, tasks_from: wait`: one succeeds, one fails,
 one is stopped at its async timeout, one outlives the polls. It shows what the checkpoint and bench
 roles get from it: one progress line per poll, the job's own result, a failure message naming the
 timeout variable, and no status file left behind.
@@ -39,7 +39,7 @@ sys.exit(code)
 """
 
 PLAYBOOK = """
-- name: Wait for background jobs with the shared role
+- name: Wait for background jobs with the deployment role
   hosts: localhost
   gather_facts: false
   vars:
@@ -69,22 +69,22 @@ CASE = """
 
 - name: Wait for it
   block:
-    - name: Wait with the shared role
+    - name: Wait with the deployment role
       ansible.builtin.include_role:
-        name: sparkserve.dsv41.shared
+        name: sparkserve.dsv41.deployment
         tasks_from: wait
       vars:
-        dsv41_wait_job: "{{{{ job }}}}"
-        dsv41_wait_what: "{{{{ case.name }}}}"
-        dsv41_wait_progress_file: "{{{{ {tmp!r} }}}}/{{{{ case.name }}}}.json"
-        dsv41_wait_timeout_minutes: "{{{{ case.minutes }}}}"
-        dsv41_wait_timeout_var: test_timeout_minutes
-        dsv41_wait_poll_seconds: 1
-        dsv41_wait_timeout_note: A re-run resumes.
+        deployment_wait_job: "{{{{ job }}}}"
+        deployment_wait_what: "{{{{ case.name }}}}"
+        deployment_wait_progress_file: "{{{{ {tmp!r} }}}}/{{{{ case.name }}}}.json"
+        deployment_wait_timeout_minutes: "{{{{ case.minutes }}}}"
+        deployment_wait_timeout_var: test_timeout_minutes
+        deployment_wait_poll_seconds: 1
+        deployment_wait_timeout_note: A re-run resumes.
 
     - name: Show the result
       ansible.builtin.debug:
-        msg: "RESULT {{{{ case.name }}}} {{{{ job.ansible_job_id }}}} rc={{{{ dsv41_wait_result.rc }}}}"
+        msg: "RESULT {{{{ case.name }}}} {{{{ job.ansible_job_id }}}} rc={{{{ deployment_wait_result.rc }}}}"
   rescue:
     - name: Show the failure
       ansible.builtin.debug:
