@@ -49,7 +49,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     read_text,
     write_atomically,
 )
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import ProgressWriter
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import ProgressWriter, human_bytes
 
 try:  # ctypes is stdlib, but some minimal Python builds ship without it.
     import ctypes
@@ -58,6 +58,7 @@ except ImportError:  # pragma: no cover - depends on the Python build
 
 # 16 MiB: large enough that syscall and GIL overhead vanish and hashlib releases the GIL
 # (it does above 2 KiB), small enough that a few workers stay far from memory pressure.
+GIB = 1024**3
 CHUNK_SIZE = 16 * 1024 * 1024
 TEMP_SUFFIX = ".sparkserve-tmp"
 STATE_VERSION = 1
@@ -198,6 +199,20 @@ def space_report(path: str) -> dict[str, Any]:
         "free_bytes": free_bytes(existing),
         "present_bytes": tree_bytes(path) if os.path.isdir(path) else 0,
     }
+
+
+def space_shortfall(report: dict[str, Any], need_gib: float, variable: str) -> str | None:
+    """Why ``report`` (of :func:`space_report`) has no room for a checkpoint of ``need_gib`` GiB, set
+    by ``variable``; None when it has. What is already there counts towards the checkpoint."""
+    missing = max(0.0, need_gib * GIB - report["present_bytes"])
+    if report["free_bytes"] >= missing:
+        return None
+    return (
+        f"{report['measured_at']} has {report['free_bytes'] / GIB:.1f} GiB free, but the checkpoint in "
+        f"{report['path']} needs {need_gib:g} GiB ({report['present_bytes'] / GIB:.1f} GiB of it already "
+        f"there), so {missing / GIB:.1f} GiB more. Free some space, point the model directory at a "
+        f"larger disk, or lower {variable}."
+    )
 
 
 def _open_read(path: str):
@@ -1106,3 +1121,30 @@ def adopt_checkpoint(
             errors.append(str(exc))
     report["changed"] = changed
     return report, warnings, errors
+
+
+# --------------------------------------------------------------------------- one line of a result
+
+
+def verification_message(result: dict[str, Any]) -> str:
+    """One line about a verification's result (``checkpoint_shards``' ``msg``)."""
+    rebuilt = sum(1 for entry in result["files"] if entry["action"] in ("rebuilt", "would_rebuild"))
+    exl3 = result.get("exl3_file_count")
+    return (
+        f"{len(result['files'])} shards match the manifest ({rebuilt} rebuilt, "
+        f"{human_bytes(result['bytes_read'])} read)"
+        + ("" if exl3 is None else f", {exl3} EXL3 files")
+        + f", {len(result['parts_deleted'])} parts deleted"
+    )
+
+
+def adoption_message(report: dict[str, Any]) -> str:
+    """One line about an adoption's result (``checkpoint_shards`` with ``adopt``)."""
+    text = (
+        f"{len(report['adopted'])} shards in place match the manifest and are recorded "
+        f"({human_bytes(report['bytes_read'])} read): their parts are not downloaded."
+    )
+    if report["mismatched"]:
+        names = ", ".join(entry["file"] for entry in report["mismatched"])
+        text += f" Not recorded because they do not match the manifest (their parts are downloaded): {names}."
+    return text

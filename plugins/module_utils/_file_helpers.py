@@ -189,3 +189,12 @@ def write_atomically(module, path: str, data: bytes, mode: int | str | None = No
     finally:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)
+
+
+def remove_if_present(path: str) -> bool:
+    """Remove a file; ``False`` when it was not there (someone removed it first: same outcome)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

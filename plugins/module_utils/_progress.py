@@ -27,8 +27,9 @@ atomically, at most every :data:`PROGRESS_INTERVAL` seconds unless forced::
 ``detail``
     one short human text: the file at hand, the last measurement.
 
-The ``job_wait`` module (task file ``roles/deployment/tasks/wait.yml``) polls the job's Ansible results
-file with :func:`wait_for_job` and shows :func:`progress_line` once per poll.
+The ``job_wait`` action (``plugins/action/job_wait.py``) runs the ``job_wait`` module once per poll:
+it polls the job's Ansible results file with :func:`wait_for_job` and the action shows its
+:func:`progress_line`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
 )
 
 PROGRESS_INTERVAL = 2.0
+# How often a wait looks at the job's results file (a small local file): a quick job costs no more.
+JOB_CHECK_INTERVAL = 0.2
 FIELDS = ("what", "phase", "unit", "done", "total", "started", "updated", "detail")
 # The fields a writer's update may set; the others are the writer's own.
 _SETTABLE = frozenset({"phase", "done", "total", "detail"})
@@ -247,6 +250,35 @@ def job_outcome(data: dict[str, Any] | None) -> dict[str, Any]:
     return {"finished": True, "job_failed": failed, "error": job_error(data) if failed else ""}
 
 
+# Keys the async wrapper adds to a job's own result.
+_ASYNC_KEYS = frozenset(
+    {"ansible_job_id", "results_file", "started", "finished", "invocation", "_ansible_suppress_tmpdir_delete"}
+)
+
+
+def job_result(data: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's own result (what its module or command returned), without the async bookkeeping."""
+    return {key: value for key, value in (data or {}).items() if key not in _ASYNC_KEYS}
+
+
+def current_progress(progress_file: str | None, results_file: str, finished: bool) -> dict[str, Any] | None:
+    """The job's progress document, unless it is an earlier job's.
+
+    A job writes its first document a moment after it is launched; until then the file may still
+    hold the last run's (``done``, 100 %). The results file is written at launch, so a running
+    job's document that started before it is stale. (A finished job rewrote its results file.)
+    """
+    doc = read_progress(progress_file)
+    if doc is None or finished:
+        return doc
+    try:
+        launched = os.stat(results_file).st_mtime
+    except OSError:
+        return doc
+    started = doc.get("started")
+    return None if _number(started) and started < launched - 1 else doc
+
+
 def wait_for_job(
     results_file: str,
     progress_file: str | None,
@@ -256,22 +288,24 @@ def wait_for_job(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """Wait up to ``seconds`` for the job to finish: ``{finished, job_failed, error, line}``.
+    """Wait up to ``seconds`` for the job to finish: ``{finished, job_failed, error, line, result}``.
 
     Returns as soon as the results file says the job is done; ``line`` is the job's progress at
-    that moment, labelled ``what`` (else the document's own ``what``), marked when it failed.
+    that moment, labelled ``what`` (else the document's own ``what``), marked when it failed, and
+    ``result`` the job's own result once it finished (else ``{}``).
     """
     deadline = clock() + seconds
     while True:
-        outcome = job_outcome(read_job(results_file))
+        data = read_job(results_file)
+        outcome = job_outcome(data)
         remaining = deadline - clock()
         if outcome["finished"] or remaining <= 0:
             break
-        sleep(min(1.0, remaining))
-    doc = read_progress(progress_file) or {}
+        sleep(min(JOB_CHECK_INTERVAL, remaining))
+    doc = current_progress(progress_file, results_file, outcome["finished"]) or {}
     if what:
         doc = {**doc, "what": what}
     line = progress_line(doc, outcome["finished"], clock())
     if outcome["job_failed"]:
         line += " (failed)"
-    return {**outcome, "line": line}
+    return {**outcome, "line": line, "result": job_result(data) if outcome["finished"] else {}}

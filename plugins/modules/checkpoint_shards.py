@@ -179,6 +179,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+msg:
+  description:
+    - One line about the result - the shards that match, rebuilt, bytes read, EXL3 files, parts deleted.
+    - With O(adopt), the shards recorded and those that do not match.
+  returned: success
+  type: str
+  sample: 6 shards match the manifest (0 rebuilt, 0 B read), 2412 EXL3 files, 0 parts deleted
 changed:
   description:
     - Whether a shard was rebuilt, parts or a temporary file deleted, or O(state_file) updated; in
@@ -320,6 +327,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint impor
     DEFAULT_MANIFEST,
     CheckpointError,
     adopt_checkpoint,
+    adoption_message,
     apply_plan,
     check_exl3,
     check_free_space,
@@ -328,6 +336,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint impor
     plan_actions,
     read_manifest,
     scan_checkpoint,
+    verification_message,
 )
 
 
@@ -355,6 +364,7 @@ def adopt(module: AnsibleModule, model_dir: str, state_file: str, result: dict, 
     result["seconds"] = round(time.monotonic() - started, 3)
     if errors:
         module.fail_json(msg=" ".join(errors), **result)
+    result.setdefault("msg", adoption_message(result))
     module.exit_json(**result)
 
 
@@ -441,7 +451,7 @@ def main() -> None:
     result["seconds"] = round(time.monotonic() - started, 3)
     if errors:
         module.fail_json(msg=" ".join(errors), **result)
-    module.exit_json(**result)
+    module.exit_json(msg=verification_message(result), **result)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,24 @@ description:
   - Returns the bytes an unprivileged writer may still use on the filesystem that holds O(path) -
     measured at O(path), or at its nearest existing parent when O(path) does not exist yet - and the
     bytes of the regular files already under O(path) (symbolic links not followed).
-  - The C(sparkserve.dsv41.checkpoint) role compares them with the space the checkpoint needs before
-    it downloads or copies anything.
+  - With O(need_gib), fails when the free space is less than the checkpoint needs beyond what is
+    already there, naming O(variable) - the C(sparkserve.dsv41.checkpoint) role checks this before it
+    downloads or copies anything.
   - Reads metadata only; changes nothing.
 options:
   path:
     description: The checkpoint directory; it may not exist yet.
     type: path
     required: true
+  need_gib:
+    description:
+      - GiB the whole checkpoint needs in O(path). When given, the module fails if the free space is
+        less than that minus what O(path) already holds.
+    type: float
+  variable:
+    description: The variable that sets O(need_gib), which the failure message names.
+    type: str
+    default: need_gib
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -71,17 +81,35 @@ present_bytes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import space_report
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import (
+    space_report,
+    space_shortfall,
+)
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"path": {"type": "path", "required": True}}, supports_check_mode=True
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "need_gib": {"type": "float"},
+            "variable": {"type": "str", "default": "need_gib"},
+        },
+        supports_check_mode=True,
     )
+    params = module.params
+    if params["need_gib"] is not None and params["need_gib"] < 0:
+        module.fail_json(msg=f"{params['variable']} must be 0 or more, got {params['need_gib']:g}")
     try:
-        report = space_report(module.params["path"])
+        report = space_report(params["path"])
     except OSError as exc:
-        module.fail_json(msg=f"cannot measure {exc.filename or module.params['path']}: {exc.strerror or exc}")
+        module.fail_json(msg=f"cannot measure {exc.filename or params['path']}: {exc.strerror or exc}")
+    shortfall = (
+        None
+        if params["need_gib"] is None
+        else space_shortfall(report, params["need_gib"], params["variable"])
+    )
+    if shortfall:
+        module.fail_json(msg=shortfall, **report)
     module.exit_json(changed=False, **report)
 
 

@@ -2,7 +2,8 @@
 # Copyright: sparkserve maintainers (@sparkserve)
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
 # SPDX-License-Identifier: Apache-2.0
-"""Ansible module: wait a while for a background (async) job, and say how far it got."""
+"""Ansible module: wait a while for a background (async) job, and say how far it got (one poll of the
+job_wait action)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,36 @@ description:
   - Waits up to O(seconds) for the Ansible job started with C(async) and C(poll=0) whose results
     file is O(results_file), and returns as soon as it has finished. Reads the job's O(progress_file)
     (the collection's progress document) and returns one line about it, RV(line).
-  - Called in a loop that shows RV(line) as its label and stops when RV(finished), it prints the
-    progress of a long job once per poll - the task file C(wait) of the C(sparkserve.dsv41.deployment)
-    role does that, then collects the result with M(ansible.builtin.async_status).
+  - The action of the same name runs it once per poll until the job ends, printing RV(line) each time,
+    and fails with the job's own message when the job failed - use the task C(sparkserve.dsv41.job_wait)
+    with O(job), not this module alone, in playbooks.
   - A job is finished when its results file no longer says it is running, as
     M(ansible.builtin.async_status) decides it. A job stopped at its C(async) timeout is finished and
     failed, with the error C(Timeout exceeded).
-  - Changes nothing and never fails because the job failed - RV(job_failed) and RV(error) say so.
+  - A progress document that started before the job was launched is an earlier run's and is ignored.
+  - Once the job has finished, returns its own result as RV(result) and removes its results file
+    (as M(ansible.builtin.async_status) with C(mode=cleanup) does; not in check mode). Never fails
+    because the job failed - RV(job_failed) and RV(error) say so.
 options:
+  job:
+    description:
+      - The registered result of the task that started the job (C(async), C(poll=0)); the action reads
+        its C(results_file). Only for the action, which passes O(results_file) to the module.
+    type: dict
+  timeout_minutes:
+    description:
+      - The job's C(async) timeout in minutes. The action stops polling a little after it and fails
+        naming O(timeout_variable). Only for the action.
+    type: float
+  timeout_variable:
+    description:
+      - The variable that sets O(timeout_minutes), named in the failure messages. Only for the action.
+    type: str
+  note:
+    description:
+      - A sentence appended to the messages about time running out (what a re-run does). Only for the action.
+    type: str
+    default: ""
   results_file:
     description: The job's results file, the C(results_file) of the task that started it.
     type: path
@@ -39,15 +62,18 @@ options:
     type: str
     default: ""
   seconds:
-    description: The longest time to wait; 0 only looks.
+    description: The longest time to wait (for the action, between two progress lines); 0 only looks.
     type: float
     default: 20
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
+  action:
+    support: full
+    details: The action polls the module until the job ends and prints its progress.
   check_mode:
     support: full
-    details: Only reads; behaves the same in check mode.
+    details: Only reads; in check mode it leaves a finished job's results file in place.
   diff_mode:
     support: none
   platform:
@@ -59,21 +85,35 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Start the download
+  sparkserve.dsv41.checkpoint_download:
+    repo_id: 0xSero/DeepSeek-V4.1-Flash
+    model_dir: /home/spark/models/DeepSeek-V4.1-Flash
+    progress_file: /home/spark/.dsv41-two-sparks/checkpoint/download-progress.json
+  async: 86400
+  poll: 0
+  register: download_job
+
 - name: Wait for the download, printing its progress every 20 seconds
   sparkserve.dsv41.job_wait:
-    results_file: "{{ download_job.results_file }}"
+    job: "{{ download_job }}"
     progress_file: /home/spark/.dsv41-two-sparks/checkpoint/download-progress.json
     what: download
     seconds: 20
-  register: poll
-  loop: "{{ range(24 * 60 * 3 + 3) | list }}"
-  loop_control:
-    label: "{{ poll.line | default('cannot poll the job') }}"
-    break_when:
-      - poll is failed or poll.finished
+    timeout_minutes: 1440
+    timeout_variable: checkpoint_download_timeout_minutes
+    note: A re-run resumes the download.
+  register: download
 """
 
 RETURN = r"""
+result:
+  description:
+    - The job's own result (what its module or command returned), once it has finished; empty before.
+    - The action returns these keys at the top level of its result instead.
+  returned: always
+  type: dict
+  sample: {"changed": true, "msg": "6 files downloaded"}
 finished:
   description: Whether the job has ended (successfully or not).
   returned: always
@@ -103,6 +143,7 @@ line:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import remove_if_present
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import wait_for_job
 
 
@@ -113,6 +154,11 @@ def main() -> None:
             "progress_file": {"type": "path"},
             "what": {"type": "str", "default": ""},
             "seconds": {"type": "float", "default": 20},
+            # The action's own options; accepted (and ignored) so the documentation is the module's.
+            "job": {"type": "dict"},
+            "timeout_minutes": {"type": "float"},
+            "timeout_variable": {"type": "str"},
+            "note": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -120,6 +166,8 @@ def main() -> None:
     if params["seconds"] < 0:
         module.fail_json(msg=f"seconds must be 0 or more, got {params['seconds']}")
     report = wait_for_job(params["results_file"], params["progress_file"], params["seconds"], params["what"])
+    if report["finished"] and not module.check_mode:
+        remove_if_present(params["results_file"])
     module.exit_json(changed=False, **report)
 
 

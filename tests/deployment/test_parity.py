@@ -138,7 +138,7 @@ def test_a_model_directory_prepared_by_download_sh_is_adopted_without_downloadin
     assert again.returncode == 0, again.stdout[-3000:]
     assert again.stats["head"]["changed"] == 0, again.stdout[-3000:]
     assert "shards in place match the manifest" not in again.stdout, "the record is trusted: nothing read"
-    assert "0.00 Bytes read" in again.stdout
+    assert "(0 rebuilt, 0 B read)" in again.stdout
 
 
 @pytest.fixture(autouse=True, scope="module")

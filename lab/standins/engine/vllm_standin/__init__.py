@@ -13,8 +13,9 @@ Modules, in the order a start-up uses them:
 - ``cli``: the argparse command line, the cross-flag rules and ``main`` (the start-up sequence);
 - ``checks``: the environment checks (model directory, EXL3 plan, fabric interface, cache);
 - ``settings``: the ``STANDIN_*`` settings and faults;
+- ``faults``: the faults in force, the run-time fault file, hang, crash, exit_on_start, leak;
 - ``rendezvous``: rank 0 and the headless ranks, fingerprints and heartbeats;
-- ``api``: the OpenAI-compatible HTTP routes of rank 0;
+- ``api``: the OpenAI-compatible HTTP routes of rank 0 (with ``metrics``: ``GET /metrics``);
 - ``answers`` (with ``png``): what is answered, a deterministic function of the request;
 - ``generation``: one answer's token timing and its OpenAI wire format;
 - ``log``: stderr lines and the request log; ``errors``: the two error kinds.

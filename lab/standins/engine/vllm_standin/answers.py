@@ -14,6 +14,7 @@ import json
 import re
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -228,9 +229,16 @@ def _tool_call_answer(tool: dict[str, Any], prompt: str, seed: str, wrong_city: 
 class Planner:
     """Turns a validated request into an Answer; all choices are a function of the request."""
 
-    def __init__(self, args: argparse.Namespace, settings: Settings):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        settings: Settings,
+        faults: Callable[[], frozenset[str]] | None = None,
+    ):
         self.args = args
         self.settings = settings
+        # The faults in force now: STANDIN_FAULTS, plus those the fault file adds at run time.
+        self.faults = faults or (lambda: settings.faults)
 
     def chat(self, request: dict[str, Any]) -> Answer:
         messages = [m for m in request.get("messages") or [] if isinstance(m, dict)]
@@ -240,14 +248,14 @@ class Planner:
         answer = self._chat_content(request, messages)
         user = next((message_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
         wants_reasoning = self.args.reasoning_parser and thinking_enabled(request)
-        if wants_reasoning and "no_reasoning" not in self.settings.faults:
+        if wants_reasoning and "no_reasoning" not in self.faults():
             gist = " ".join(user.split()[:8]) or "this conversation"
             reasoning = f"The user asks: {gist}. I will answer directly and check the result."
             answer.pieces = split_pieces(reasoning, "reasoning") + answer.pieces
         return answer
 
     def completion(self, prompt_text: str) -> Answer:
-        text = arithmetic(prompt_text, "wrong_math" in self.settings.faults)
+        text = arithmetic(prompt_text, "wrong_math" in self.faults())
         text = text or filler(prompt_text, self.settings.output_tokens)
         return Answer(split_pieces(" " + text, "content"))
 
@@ -259,7 +267,7 @@ class Planner:
 
     def _chat_content(self, request: dict[str, Any], messages: list[dict[str, Any]]) -> Answer:
         last = messages[-1]
-        faults = self.settings.faults
+        faults = self.faults()
         if last.get("role") == "tool":
             result = " ".join(message_text(last).split()[:30])
             return Answer(split_pieces(f"The tool returned: {result}", "content"))
@@ -296,6 +304,6 @@ class Planner:
             return forced
         if choice == "required":
             return weather if weather is not None and "weather" in prompt.lower() else tools[0]
-        if weather is not None and "weather" in prompt.lower() and "no_tool_call" not in self.settings.faults:
+        if weather is not None and "weather" in prompt.lower() and "no_tool_call" not in self.faults():
             return weather
         return None

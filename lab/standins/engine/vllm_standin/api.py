@@ -18,8 +18,11 @@ from urllib.parse import urlsplit
 from . import STANDIN_VERSION
 from .answers import Answer, Planner, chat_prompt_tokens, count_tokens, filler, name_of_tool, split_pieces
 from .errors import RequestError
+from .faults import Faults
 from .generation import Job
 from .log import Log, RequestLog
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics
 from .settings import Settings
 
 
@@ -32,14 +35,17 @@ class Engine:
     api_key: str | None
     problem: Callable[[], str | None]
     request_log: RequestLog
+    faults: Faults
     planner: Planner = field(init=False)
     slots: threading.BoundedSemaphore = field(init=False)
     model_names: list[str] = field(init=False)
+    metrics: Metrics = field(init=False)
 
     def __post_init__(self) -> None:
-        self.planner = Planner(self.args, self.settings)
+        self.planner = Planner(self.args, self.settings, self.faults.active)
         self.slots = threading.BoundedSemaphore(max(1, self.args.max_num_seqs))
         self.model_names = self.args.served_model_name or [self.args.model_path]
+        self.metrics = Metrics(self.model_names[0])
 
 
 class ClientGone(Exception):
@@ -181,7 +187,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str, raw: bytes, record: dict[str, Any]) -> None:
         engine = self.server.engine
-        routes = {"/health": "GET", "/version": "GET", "/v1/models": "GET"}
+        routes = {"/health": "GET", "/version": "GET", "/v1/models": "GET", "/metrics": "GET"}
         routes |= {"/v1/chat/completions": "POST", "/v1/completions": "POST"}
         if raw:  # record what was sent, even when it is refused
             with contextlib.suppress(RequestError):
@@ -201,6 +207,13 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
         elif path == "/version":
             self._send_json(200, {"version": STANDIN_VERSION})
+        elif path == "/metrics":  # outside /v1, so no bearer token: vLLM's /metrics is not behind --api-key
+            data = engine.metrics.exposition().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", METRICS_CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif path == "/v1/models":
             self._send_json(200, self._models())
         else:
@@ -277,19 +290,34 @@ class Handler(BaseHTTPRequestHandler):
             chat=chat, model=str(model or engine.model_names[0]), answer=answer, prompt_tokens=prompt_tokens
         )
         received = time.monotonic()
+        engine.metrics.queued()
         with engine.slots:  # --max-num-seqs: further requests queue, as in vLLM's scheduler
-            schedule = job.schedule(engine.settings)
-            if body.get("stream"):
-                self._stream(job, schedule, body)
-            else:
-                for _ in schedule:
-                    pass
-                self._send_json(200, job.full_response(self._usage(job)))
+            engine.metrics.admitted()
+            try:
+                schedule = self._generate(job)
+                if body.get("stream"):
+                    self._stream(job, schedule, body)
+                else:
+                    for _ in schedule:
+                        pass
+                    self._send_json(200, job.full_response(self._usage(job)))
+            finally:  # an answer cut short (client gone, error) is an abort, as vLLM counts it
+                complete = job.produced == len(answer.pieces)
+                engine.metrics.finished(answer.finish_reason if complete else "abort")
         Log.info(
             f"{path} {'stream' if body.get('stream') else 'full'}: prompt {prompt_tokens} tokens, "
             f"completion {len(answer.pieces)} tokens, finish {answer.finish_reason}, "
             f"{time.monotonic() - received:.2f} s"
         )
+
+    def _generate(self, job: Job) -> Iterator[int]:
+        """The job's token schedule, counted in /metrics as each token is produced."""
+        engine = self.server.engine
+        for index in job.schedule(engine.settings, engine.faults.stall):
+            if index == 0:
+                engine.metrics.prefilled(job.prompt_tokens)
+            engine.metrics.token()
+            yield index
 
     def _fit(self, answer: Answer, body: dict[str, Any], prompt_tokens: int) -> None:
         """Apply max_model_len, max_tokens, min_tokens and ignore_eos the way vLLM does."""

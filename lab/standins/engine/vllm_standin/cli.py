@@ -15,6 +15,7 @@ from . import STANDIN_VERSION
 from .api import Engine, StandinHTTPServer
 from .checks import check_environment
 from .errors import StartupError
+from .faults import Faults, refuse_start_if_asked
 from .log import Log, RequestLog
 from .rendezvous import HeadRendezvous, join_head, keep_alive, shared_args
 from .settings import Settings
@@ -143,7 +144,7 @@ def _redacted(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
-def run_head(args: argparse.Namespace, settings: Settings, env: dict[str, str]) -> int:
+def run_head(args: argparse.Namespace, settings: Settings, env: dict[str, str], faults: Faults) -> int:
     """Rank 0: rendezvous with every headless rank, then (and only then) serve HTTP."""
     rendezvous: HeadRendezvous | None = None
     if args.nnodes > 1:
@@ -162,6 +163,7 @@ def run_head(args: argparse.Namespace, settings: Settings, env: dict[str, str]) 
         api_key=api_key,
         problem=rendezvous.problem if rendezvous else lambda: None,
         request_log=RequestLog(settings.request_log),
+        faults=faults,
     )
     try:
         server = StandinHTTPServer((args.host, args.port), engine)
@@ -172,11 +174,11 @@ def run_head(args: argparse.Namespace, settings: Settings, env: dict[str, str]) 
     return 0
 
 
-def run_worker(args: argparse.Namespace, host_ip: str) -> int:
-    """A headless rank: join rank 0 and live exactly as long as that link does."""
+def run_worker(args: argparse.Namespace, host_ip: str, faults: Faults) -> int:
+    """A headless rank: join rank 0 and live exactly as long as that link does (unless hung)."""
     link = join_head(args, host_ip, shared_args(args))
     Log.info(f"joined rank 0 at {args.master_addr}:{args.master_port} as headless rank {args.node_rank}")
-    why = keep_alive(link)
+    why = keep_alive(link, faults.hung)
     Log.error(f"lost rank 0: {why}; exiting like a dead vLLM worker")
     return 1
 
@@ -207,11 +209,16 @@ def main(argv: list[str] | None = None) -> int:
             f"port {args.port} tp {args.tensor_parallel_size} nnodes {args.nnodes} rank {args.node_rank}"
             f"{' (headless)' if args.headless else ''} ip {facts.host_ip} if {facts.ifname}; "
             f"decode {settings.decode_tps:g} tok/s prefill {settings.prefill_tps:g} tok/s "
-            f"output {settings.output_tokens} faults {','.join(sorted(settings.faults)) or 'none'}"
+            f"output {settings.output_tokens} faults {','.join(sorted(settings.faults)) or 'none'} "
+            f"fault file {settings.faults_file}"
         )
+        refuse_start_if_asked(settings)  # exit_on_start: before the rendezvous, the file is kept
+        faults = Faults(settings)
+        faults.apply(settings.faults, "STANDIN_FAULTS")
+        faults.watch()  # every rank takes run-time faults from the fault file
         if args.node_rank == 0:
-            return run_head(args, settings, env)
-        return run_worker(args, facts.host_ip)
+            return run_head(args, settings, env, faults)
+        return run_worker(args, facts.host_ip, faults)
     except StartupError as exc:
         Log.error(str(exc))
         return 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,15 +22,21 @@ class Job:
     prompt_tokens: int
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    produced: int = 0  # tokens yielded so far (== len(answer.pieces) once the answer is complete)
 
-    def schedule(self, settings: Settings) -> Iterator[int]:
-        """Yield token indexes at t_first + i / decode_rate on an absolute clock (no drift)."""
+    def schedule(self, settings: Settings, stall: Callable[[], None] = lambda: None) -> Iterator[int]:
+        """Yield token indexes at t_first + i / decode_rate on an absolute clock (no drift).
+
+        ``stall`` runs before each token; the ``hang`` fault makes it block for good.
+        """
         start = time.monotonic()
         first = start + self.prompt_tokens / settings.prefill_tps
         for index in range(len(self.answer.pieces)):
             delay = first + index / settings.decode_tps - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
+            stall()
+            self.produced = index + 1
             yield index
 
     def envelope(

@@ -86,11 +86,21 @@ class LineLink:
             self.sock.close()
 
 
-def keep_alive(link: LineLink) -> str:
-    """Exchange heartbeats until the link dies; return why it died."""
+def stuck_forever() -> None:
+    """A headless rank under ``hang``: like a rank stuck in an NCCL collective, it neither sends
+    nor reads on its link (left open) and never notices rank 0 going away; only a signal ends it."""
+    Log.error("hang: heartbeats to rank 0 stopped; the link stays open and unread, the process stays up")
+    while True:
+        time.sleep(3600)  # time.sleep, not a lock wait: the SIGTERM handler must still run
+
+
+def keep_alive(link: LineLink, hung: threading.Event | None = None) -> str:
+    """Exchange heartbeats until the link dies; return why it died (never returns once ``hung``)."""
     last_seen = time.monotonic()
     next_send = 0.0
     while True:
+        if hung is not None and hung.is_set():
+            stuck_forever()
         now = time.monotonic()
         if now >= next_send:
             try:

@@ -1,4 +1,5 @@
-"""The STANDIN_* settings (rates, output length, boot delay, faults, request log path)."""
+"""The STANDIN_* settings (rates, output length, boot delay, faults, fault file, leak rate, request
+log path)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from pathlib import Path
 
 from .errors import StartupError
 
-KNOWN_FAULTS = frozenset({"wrong_math", "no_tool_call", "wrong_city", "swap_colors", "no_reasoning"})
+# Faults that change answers (the model is wrong), and faults of the process (the service is wrong).
+ANSWER_FAULTS = frozenset({"wrong_math", "no_tool_call", "wrong_city", "swap_colors", "no_reasoning"})
+OPERATIONAL_FAULTS = frozenset({"hang", "crash", "exit_on_start", "leak"})
+KNOWN_FAULTS = ANSWER_FAULTS | OPERATIONAL_FAULTS
 
 
 def _positive(env: dict[str, str], name: str, default: float, allow_zero: bool = False) -> float:
@@ -33,6 +37,9 @@ class Settings:
     boot_seconds: float = 0.0
     faults: frozenset[str] = frozenset()
     request_log: Path = Path("/cache/standin-requests.jsonl")
+    faults_file: Path = Path("/cache/standin-faults")
+    leak_mib_per_s: float = 256.0
+    leak_max_mib: float = 8192.0
 
     @classmethod
     def from_env(cls, env: dict[str, str], cache_dir: Path) -> Settings:
@@ -50,4 +57,8 @@ class Settings:
             boot_seconds=_positive(env, "STANDIN_BOOT_SECONDS", 0.0, allow_zero=True),
             faults=faults,
             request_log=Path(env.get("STANDIN_REQUEST_LOG") or cache_dir / "standin-requests.jsonl"),
+            # The rank container mounts the node's <state>/cache at /cache (= XDG_CACHE_HOME).
+            faults_file=Path(env.get("STANDIN_FAULTS_FILE") or cache_dir / "standin-faults"),
+            leak_mib_per_s=_positive(env, "STANDIN_LEAK_MIB_PER_S", 256.0),
+            leak_max_mib=_positive(env, "STANDIN_LEAK_MAX_MIB", 8192.0),
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -231,8 +232,14 @@ def test_waiting_returns_as_soon_as_the_job_finishes(tmp_path):
             job.write_text(json.dumps({"rc": 0, "stdout": "{}"}))
 
     result = pr.wait_for_job(str(job), None, 20, "download", clock=clock, sleep=sleep)
-    assert clock.now == 1003
-    assert result == {"finished": True, "job_failed": False, "error": "", "line": "download: finished"}
+    assert 1003 <= clock.now < 1003 + pr.JOB_CHECK_INTERVAL
+    assert result == {
+        "finished": True,
+        "job_failed": False,
+        "error": "",
+        "line": "download: finished",
+        "result": {"rc": 0, "stdout": "{}"},
+    }
 
 
 def test_waiting_gives_up_after_its_seconds_and_shows_the_progress(tmp_path):
@@ -241,10 +248,11 @@ def test_waiting_gives_up_after_its_seconds_and_shows_the_progress(tmp_path):
     progress = tmp_path / "progress.json"
     doc = pr.new_document("download", total=4096, now=1000.0)
     progress.write_text(json.dumps({**doc, "phase": "downloading", "done": 1024, "updated": 1004.0}))
+    os.utime(job, (1000.0, 1000.0))  # launched when the job's document started
     clock = FakeClock()
     result = pr.wait_for_job(str(job), str(progress), 5, clock=clock, sleep=clock.sleep)
     assert result["finished"] is False
-    assert clock.now == 1005
+    assert clock.now == pytest.approx(1005)
     assert result["line"] == "download: downloading, 1.0 KiB of 4.0 KiB, 25.0%, 256 B/s, after 5s"
 
 
@@ -266,4 +274,5 @@ def test_waiting_marks_a_failed_job(tmp_path):
         "job_failed": True,
         "error": "Timeout exceeded",
         "line": "copy: finished (failed)",
+        "result": {"failed": True, "msg": "Timeout exceeded"},
     }

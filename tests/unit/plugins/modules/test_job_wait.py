@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
+import pytest
 import yaml
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import new_document
 from ansible_collections.sparkserve.dsv41.plugins.modules import job_wait
@@ -15,8 +17,10 @@ from dir_snapshot import snapshot
 def test_a_running_job_with_progress(tmp_path, run_module):
     job = tmp_path / "job"
     job.write_text(json.dumps({"started": True, "finished": False, "ansible_job_id": "1.2"}))
+    launched = time.time() - 66
+    os.utime(job, (launched, launched))  # the async wrapper wrote it at launch
     progress = tmp_path / "progress.json"
-    doc = new_document("verification", total=4 * 1024**3, now=time.time() - 65)
+    doc = new_document("verification", total=4 * 1024**3, now=launched + 1)
     progress.write_text(
         json.dumps(
             {**doc, "phase": "verifying", "done": 1024**3, "detail": "model-00001-of-00006.safetensors"}
@@ -93,4 +97,33 @@ def test_the_documentation_matches_the_result(tmp_path, run_module):
     documented = yaml.safe_load(job_wait.RETURN)
     assert set(documented) == set(result) - {"changed", "invocation"}
     options = yaml.safe_load(job_wait.DOCUMENTATION)["options"]
-    assert set(options) == {"results_file", "progress_file", "what", "seconds"}
+    module_options = {"results_file", "progress_file", "what", "seconds"}
+    action_options = {"job", "timeout_minutes", "timeout_variable", "note"}
+    assert set(options) == module_options | action_options
+
+
+def test_an_earlier_runs_progress_is_not_this_jobs(tmp_path, run_module):
+    job = tmp_path / "job"
+    job.write_text(json.dumps({"started": True, "finished": False}))
+    progress = tmp_path / "progress.json"
+    doc = new_document("verification", total=10, now=time.time() - 3600)
+    progress.write_text(json.dumps({**doc, "phase": "done", "done": 10}))
+    result = run_module(job_wait, {"results_file": str(job), "progress_file": str(progress), "seconds": 0})
+    assert result["line"] == "job: starting", "the last run's 100 % is not shown as this job's"
+
+
+@pytest.mark.parametrize(("check_mode", "removed"), [(False, True), (True, False)])
+def test_a_finished_jobs_result_is_handed_over_and_its_file_removed(
+    tmp_path, run_module, check_mode, removed
+):
+    job = tmp_path / "job"
+    job.write_text(
+        json.dumps(
+            {"changed": True, "msg": "6 files downloaded", "ansible_job_id": "7.1", "results_file": str(job)}
+        )
+    )
+    result = run_module(job_wait, {"results_file": str(job), "seconds": 0}, check_mode=check_mode)
+    assert not result.failed, result
+    assert result["result"] == {"changed": True, "msg": "6 files downloaded"}
+    assert result["changed"] is False, "waiting itself changes nothing on the node's configuration"
+    assert job.exists() is not removed

@@ -1,10 +1,11 @@
-"""The deployment role's `wait` task file, run by ansible-playbook on this machine (no lab).
+"""The job_wait action (with its module), run by ansible-playbook on this machine (no lab).
 
 One playbook starts four background jobs that write the collection's progress document and waits
-for each with `include_role: sparkserve.dsv41.deployment, tasks_from: wait`: one succeeds, one fails,
-one is stopped at its async timeout, one outlives the polls. It shows what the checkpoint and bench
-roles get from it: one progress line per poll, the job's own result, a failure message naming the
-timeout variable, and no status file left behind.
+for each with one `sparkserve.dsv41.job_wait` task: one succeeds, one fails, one is stopped at its
+async timeout, one outlives the polls. It shows what the checkpoint and bench roles get from it:
+one progress line per poll, the job's own result, a failure message naming the timeout variable,
+and no status file left behind. A fifth case finds the progress file of an earlier run and must
+not show it as this job's.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ PLAYBOOK = """
       - {{name: fails, steps: 1, code: 3, async: 60, minutes: 1}}
       - {{name: times out, steps: 30, code: 0, async: 2, minutes: 1}}
       - {{name: outlives the polls, steps: 15, code: 0, async: 60, minutes: 0}}
+      - {{name: follows a finished run, steps: 2, code: 0, async: 60, minutes: 1, stale: true}}
   tasks:
     - name: Run each case
       ansible.builtin.include_tasks: {case!r}
@@ -57,6 +59,15 @@ PLAYBOOK = """
 """
 
 CASE = """
+- name: Leave the progress document of an earlier, finished run
+  ansible.builtin.copy:
+    dest: "{{{{ {tmp!r} }}}}/{{{{ case.name }}}}.json"
+    content: >-
+      {{{{ {{"what": "job", "phase": "done", "unit": "steps", "done": 9, "total": 9, "started": 1000.0,
+         "updated": 1001.0, "detail": "earlier run"}} | to_json }}}}
+    mode: "0644"
+  when: case.stale | default(false)
+
 - name: Start the job
   ansible.builtin.command:
     argv: [{python!r}, {job!r}, "{{{{ progress }}}}", "{{{{ case.steps }}}}", "{{{{ case.code }}}}"]
@@ -69,22 +80,22 @@ CASE = """
 
 - name: Wait for it
   block:
-    - name: Wait with the deployment role
-      ansible.builtin.include_role:
-        name: sparkserve.dsv41.deployment
-        tasks_from: wait
-      vars:
-        deployment_wait_job: "{{{{ job }}}}"
-        deployment_wait_what: "{{{{ case.name }}}}"
-        deployment_wait_progress_file: "{{{{ {tmp!r} }}}}/{{{{ case.name }}}}.json"
-        deployment_wait_timeout_minutes: "{{{{ case.minutes }}}}"
-        deployment_wait_timeout_var: test_timeout_minutes
-        deployment_wait_poll_seconds: 1
-        deployment_wait_timeout_note: A re-run resumes.
+    - name: Wait with the job_wait action
+      sparkserve.dsv41.job_wait:
+        job: "{{{{ job }}}}"
+        what: "{{{{ case.name }}}}"
+        progress_file: "{{{{ {tmp!r} }}}}/{{{{ case.name }}}}.json"
+        timeout_minutes: "{{{{ case.minutes }}}}"
+        timeout_variable: test_timeout_minutes
+        seconds: 1
+        note: A re-run resumes.
+      register: waited
 
     - name: Show the result
       ansible.builtin.debug:
-        msg: "RESULT {{{{ case.name }}}} {{{{ job.ansible_job_id }}}} rc={{{{ deployment_wait_result.rc }}}}"
+        msg: >-
+          RESULT {{{{ case.name }}}} {{{{ job.ansible_job_id }}}} rc={{{{ waited.rc }}}}
+          changed={{{{ waited.changed }}}}
   rescue:
     - name: Show the failure
       ansible.builtin.debug:
@@ -126,17 +137,31 @@ def shown(run, prefix: str, name: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+def progress_lines(run, name: str) -> list[str]:
+    result, _ = run
+    return re.findall(rf"^localhost: ({name}: .*)$", result.stdout, flags=re.MULTILINE)
+
+
 def test_a_job_that_succeeds_shows_its_progress_and_hands_over_its_result(run):
-    result, tmp = run
-    lines = re.findall(r"\(item=(succeeds: [^)]*)\)", result.stdout)
+    _, tmp = run
+    lines = progress_lines(run, "succeeds")
     assert any(
         re.fullmatch(r"succeeds: working, [12] of 3 steps, \d+\.\d%, step [12], after \ds", line)
         for line in lines
     ), lines
-    assert lines[-1].startswith("succeeds: finished, 3 of 3 steps, 100.0%, step 3, after ")
+    assert lines[-1].startswith("succeeds: finished, 3 of 3 steps, 100.0%, step 3, after "), lines
     jid, rest = shown(run, "RESULT", "succeeds")
-    assert rest.startswith("rc=0")
+    assert rest.startswith("rc=0 changed=True"), (
+        "the job's own result: the command's rc, and changed as a command reports it"
+    )
     assert not (tmp / "async" / jid).exists(), "the job's status file is removed"
+
+
+def test_the_progress_of_an_earlier_run_is_not_shown_as_this_jobs(run):
+    lines = progress_lines(run, "follows a finished run")
+    assert lines, "a line per poll"
+    assert not any("9 of 9" in line or "earlier run" in line for line in lines), lines
+    assert lines[-1].startswith("follows a finished run: finished, 2 of 2 steps, 100.0%"), lines
 
 
 def test_a_job_that_fails_fails_with_its_own_message(run):
