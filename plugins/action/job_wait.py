@@ -49,7 +49,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp  # unused; the module needs no temporary files of the action
-        _, args = self.validate_argument_spec(
+        validation, args = self.validate_argument_spec(
             argument_spec={
                 "job": {"type": "dict", "required": True},
                 "progress_file": {"type": "path"},
@@ -60,6 +60,7 @@ class ActionModule(ActionBase):
                 "note": {"type": "str", "default": ""},
             }
         )
+        del validation  # its errors have already been raised
         results_file = args["job"].get("results_file")
         if not results_file:
             return {

@@ -67,10 +67,16 @@ options:
     default: 20
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
   action:
     support: full
     details: The action polls the module until the job ends and prints its progress.
+  async:
+    support: none
+    details: It waits for an async job; it is not one.
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: Only reads; in check mode it leaves a finished job's results file in place.
