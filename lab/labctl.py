@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -581,22 +582,70 @@ def sysfs_fixture_argv(root: str, gid_index: int) -> list[str]:
     return argv
 
 
-def configure_node(node: Node, public_key: str) -> None:
-    """Give the node the Spark's interface names, the fixture sysfs tree and our SSH key."""
-    renames = [(node.address(MGMT[2]), MGMT_IFNAME)]
-    renames += [(node.address(gateway), ifname) for _n, _s, gateway, ifname, _h in FABRICS]
-    script = ["set -eu"]
-    for address, ifname in renames:
-        script.append(
-            f"cur=$(ip -o -4 addr show | awk '$4 ~ /^{address}\\// {{print $2}}');"
-            f' if [ "$cur" != {ifname} ]; then ip link set "$cur" down;'
-            f' ip link set "$cur" name {ifname}; ip link set {ifname} up; fi'
-        )
+NETNAMES_SCRIPT = "/usr/local/sbin/sparkserve-lab-netnames"
+NETNAMES_UNIT = "sparkserve-lab-netnames.service"
+
+
+def netnames_script(by_mac: dict[str, str]) -> str:
+    """The boot script that gives a node its Spark interface names by MAC, as udev does on a real
+    Spark, so a node comes back from `docker restart` with its names and addresses by itself."""
+    lines = ["#!/bin/sh", "# Written by lab/labctl.py (lab only): the Spark's interface names, by MAC."]
+    lines += ["set -eu", "rename() {"]
+    awk = '$0 ~ "link/ether " mac {sub(":", "", $2); sub("@.*", "", $2); print $2}'
+    lines.append(f"  cur=$(ip -o link | awk -v mac=\"$1\" '{awk}')")
+    lines.append('  [ -n "$cur" ] || { echo "no interface with MAC $1" >&2; exit 1; }')
+    lines.append('  if [ "$cur" != "$2" ]; then ip link set "$cur" down; ip link set "$cur" name "$2"; fi')
+    lines.append('  ip link set "$2" up')
+    lines.append("}")
+    lines += [f"rename {mac} {ifname}" for mac, ifname in sorted(by_mac.items())]
     for _hca, ifname in UNCABLED:
         # A down bridge stands for the uncabled port's netdev (this kernel has no dummy driver).
-        script.append(f"ip link show {ifname} >/dev/null 2>&1 || ip link add {ifname} type bridge")
-    script.append(f"ip route replace default via {MGMT[2]} dev {MGMT_IFNAME}")
-    node_exec(node.name, "; ".join(script))
+        lines.append(f"ip link show {ifname} >/dev/null 2>&1 || ip link add {ifname} type bridge")
+    lines.append(f"ip route replace default via {MGMT[2]} dev {MGMT_IFNAME}")
+    return "\n".join(lines) + "\n"
+
+
+NETNAMES_UNIT_TEXT = f"""[Unit]
+Description=Spark interface names by MAC (sparkserve lab)
+DefaultDependencies=no
+Before=network-pre.target docker.service ssh.service
+Wants=network-pre.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={NETNAMES_SCRIPT}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def interface_macs(node: Node) -> dict[str, str]:
+    """MAC -> Spark name of the node's management and fabric interfaces, found by their addresses
+    (Docker derives a fixed address's MAC from it, so the MACs stay across restarts)."""
+    wanted = {node.address(MGMT[2]): MGMT_IFNAME}
+    wanted |= {node.address(gateway): ifname for _n, _s, gateway, ifname, _h in FABRICS}
+    by_mac = {}
+    for address, ifname in wanted.items():
+        mac = node_exec(
+            node.name,
+            f"cur=$(ip -o -4 addr show | awk '$4 ~ /^{address}\\// {{print $2}}');"
+            ' cat /sys/class/net/"$cur"/address',
+        ).strip()
+        if not re.fullmatch(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", mac):
+            raise LabError(f"no MAC for {address} in {node.name}: {mac!r}")
+        by_mac[mac] = ifname
+    return by_mac
+
+
+def configure_node(node: Node, public_key: str) -> None:
+    """Give the node the Spark's interface names (now and at every boot), the fixture sysfs tree and
+    our SSH key."""
+    by_mac = interface_macs(node)
+    write_node_file(node.name, NETNAMES_SCRIPT, netnames_script(by_mac), mode="0755")
+    write_node_file(node.name, f"/etc/systemd/system/{NETNAMES_UNIT}", NETNAMES_UNIT_TEXT, mode="0644")
+    node_exec(node.name, f"systemctl daemon-reload && systemctl enable {NETNAMES_UNIT} && {NETNAMES_SCRIPT}")
 
     docker("exec", node.name, "mkdir", "-p", "/opt/sparkserve-lab")
     docker("cp", str(STANDINS / "sysfs" / "make_rdma_sysfs.py"), f"{node.name}:/opt/sparkserve-lab/")
@@ -610,6 +659,12 @@ def configure_node(node: Node, public_key: str) -> None:
         f"chown {LAB_USER}:{LAB_USER} {home}/.ssh/authorized_keys && "
         f"chmod 0600 {home}/.ssh/authorized_keys",
     )
+
+
+def write_node_file(node: str, path: str, text: str, mode: str) -> None:
+    """Write a file inside a node (root-owned)."""
+    script = f'cat > "$1" && chmod {mode} "$1"'
+    run(["docker", "exec", "-i", node, "sh", "-c", script, "sh", path], input=text)
 
 
 def wait_for_ssh(node: Node, key: Path) -> None:

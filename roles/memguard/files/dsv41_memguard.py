@@ -297,6 +297,7 @@ class Settings:
     trace_top: int
     log_max_bytes: int
     log_backups: int
+    kill_record: Path | None = None
 
     def describe(self) -> str:
         """The start line: every setting, so a log read later says how the guard was configured."""
@@ -306,7 +307,7 @@ class Settings:
             f" docker_timeout={self.docker_timeout:g}s trace_below={format_gib(self.trace_below)}"
             f" trace_every={self.trace_every:g}s trace_top={self.trace_top} meminfo={self.meminfo}"
             f" proc_root={self.proc_root} log={self.log} log_max_bytes={self.log_max_bytes}"
-            f" log_backups={self.log_backups}"
+            f" log_backups={self.log_backups} kill_record={self.kill_record}"
         )
 
 
@@ -321,12 +322,14 @@ class Guard:
         read_meminfo: Callable[[], str],
         run: Runner,
         monotonic: Callable[[], float],
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.log = log
         self.read_meminfo = read_meminfo
         self.run = run
         self.monotonic = monotonic
+        self.wall = wall
         self.last_kill_time: float | None = None
         self.last_trace_time: float | None = None
 
@@ -377,6 +380,25 @@ class Guard:
         if self._docker("kill", *names) is not None:
             self.last_kill_time = now
             self.log.write("killed", f"containers: {' '.join(names)}")
+            self._record_kill()
+
+    def _record_kill(self) -> None:
+        """Leave the time of the kill where the supervisor looks: it must not start the ranks again
+        while memory is short. A failed write is logged; the kill itself has happened."""
+        path = self.settings.kill_record
+        if path is None:
+            return
+        try:
+            write_atomically(path, f"{self.wall():.3f}\n")
+        except OSError as exc:
+            self.log.write("error", f"cannot record the kill in {path}: {exc}")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` through a temporary file beside it: a reader sees all or nothing."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def run_loop(
@@ -418,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--trace-top", type=int, default=10, help="processes per trace (default 10)")
     add("--state-dir", default=DEFAULT_STATE_DIR, help=f"state directory (default {DEFAULT_STATE_DIR})")
     add("--log", default=None, help="log file (default <state-dir>/memguard.log)")
+    add(
+        "--kill-record",
+        default=None,
+        help="file that gets the time of each kill (default <state-dir>/memguard-last-kill)",
+    )
     add("--log-max-bytes", type=int, default=10 * MIB, help="rotate past this size (default 10 MiB)")
     add("--log-backups", type=int, default=3, help="rotated files kept (default 3)")
     add("--meminfo", default="/proc/meminfo", help="meminfo file (tests point it elsewhere)")
@@ -468,6 +495,7 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         trace_top=args.trace_top,
         log_max_bytes=args.log_max_bytes,
         log_backups=args.log_backups,
+        kill_record=Path(args.kill_record).expanduser() if args.kill_record else state_dir / "memguard-last-kill",
     )
 
 

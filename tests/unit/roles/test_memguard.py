@@ -251,6 +251,7 @@ class Harness:
             read_meminfo=lambda: meminfo_with(next(samples)),
             run=mg.run_command,
             monotonic=self.clock.monotonic,
+            wall=self.clock.wall,
         )
 
     def run(self, available_gib: Iterable[float], *extra_args: str) -> None:
@@ -423,6 +424,24 @@ def test_under_floor_kills_only_prefix_matching_containers(harness: Harness, doc
     assert kill.endswith("killing containers: dsv41-r0 dsv41-r1")
     assert harness.log_lines("killed")[0].endswith("containers: dsv41-r0 dsv41-r1")
     assert harness.log_lines("error") == []
+
+
+def test_a_kill_is_recorded_for_the_supervisor(
+    harness: Harness, docker: FakeDocker, clock: FakeClock
+) -> None:
+    record = harness.tmp_path / "state" / "memguard-last-kill"
+    harness.run([50, 0.5])
+    assert float(record.read_text()) == pytest.approx(clock.wall() - 1, abs=1.5), "the time of the kill"
+    assert not list(record.parent.glob(".memguard-last-kill*")), "written through a temporary file"
+
+
+def test_no_kill_no_record_and_a_failed_kill_is_not_recorded(harness: Harness, docker: FakeDocker) -> None:
+    record = harness.tmp_path / "state" / "memguard-last-kill"
+    harness.run([50, 12])
+    assert not record.exists()
+    docker.set_kill_rc(1)
+    harness.run([0.5])
+    assert not record.exists(), "only a kill that happened is recorded"
 
 
 def test_above_floor_does_nothing(harness: Harness, docker: FakeDocker) -> None:

@@ -1,0 +1,163 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""Whether the deployment is healthy, and why not: the verdict of ``status.yml``.
+
+Internal to sparkserve.dsv41; not a public API. Stdlib only, pure. Its inputs are what the nodes
+report: each rank's ``dsv41_rankctl.py status`` (the real container state), each node's memory
+guard, the API's ``/health`` and ``/metrics`` on the head, and the supervisor's state file.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+GIB = 1024**3
+# A supervisor that has not written its state for this many of its intervals is not running.
+STALE_INTERVALS = 6
+# Supervisor states in which the group serves (paused: a deployment run holds the lock).
+SERVING_STATES = frozenset({"healthy", "paused"})
+
+
+def _when(epoch: Any) -> str:
+    if not isinstance(epoch, (int, float)):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+def rank_problem(node: dict[str, Any]) -> str | None:
+    """Why one node's rank is not serving, from its rankctl status (None: running)."""
+    status = node.get("status")
+    name = f"{node['name']} (rank {node['rank']})"
+    if not isinstance(status, dict):
+        return f"{name}: cannot be asked ({node.get('error') or 'no answer'})"
+    state = status.get("state")
+    if state == "running":
+        return None
+    if state == "missing":
+        return f"{name}: container {status.get('container')} does not exist"
+    if state == "exited":
+        oom = ", OOM-killed" if status.get("oom_killed") else ""
+        return (
+            f"{name}: container {status.get('container')} exited with code {status.get('exit_code')}"
+            f"{oom} at {status.get('finished_at')}"
+        )
+    return f"{name}: container {status.get('container')} is {state}"
+
+
+def supervisor_problem(
+    supervisor: dict[str, Any] | None, enabled: bool, interval: float, now: float
+) -> str | None:
+    """Why the supervisor is not keeping the group (None when it is, or is switched off)."""
+    if not enabled:
+        return None
+    if not isinstance(supervisor, dict):
+        return "supervisor: no state written (is dsv41-supervisor running on the head?)"
+    updated = supervisor.get("updated")
+    if not isinstance(updated, (int, float)) or now - updated > STALE_INTERVALS * interval:
+        return f"supervisor: not running (its state was last written {_when(updated)})"
+    state = supervisor.get("state")
+    if state in SERVING_STATES:
+        return None
+    return f"supervisor: {state} - {supervisor.get('reason') or 'no reason given'}"
+
+
+def deployment_health(
+    nodes: list[dict[str, Any]],
+    api: dict[str, Any],
+    supervisor: dict[str, Any] | None,
+    *,
+    supervisor_enabled: bool = True,
+    supervisor_interval: float = 5,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The verdict: ``{healthy, problems, nodes, api, supervisor}``.
+
+    ``nodes``: ``{name, rank, status (rankctl's JSON, or None), error, guard (systemctl is-active)}``
+    in rank order; ``api``: ``{health (HTTP code or None), running, waiting,
+    generation_tokens_total}``; ``supervisor``: its state file's content, or None.
+    """
+    now = time.time() if now is None else now
+    problems = [problem for node in nodes if (problem := rank_problem(node))]
+    problems += [
+        f"{node['name']}: memory guard is {node.get('guard') or 'unknown'}"
+        for node in nodes
+        if node.get("guard") != "active"
+    ]
+    kills = [
+        (node["name"], node["status"]["memguard_last_kill"])
+        for node in nodes
+        if isinstance(node.get("status"), dict) and node["status"].get("memguard_last_kill")
+    ]
+    health = api.get("health")
+    if health != 200:
+        problems.append(f"API: /health answered {health}" if health else "API: no answer on /health")
+    if problem := supervisor_problem(supervisor, supervisor_enabled, supervisor_interval, now):
+        problems.append(problem)
+    return {
+        "healthy": not problems,
+        "problems": problems,
+        "nodes": nodes,
+        "api": api,
+        "supervisor": supervisor,
+        "memguard_kills": [{"node": name, "time": when} for name, when in kills],
+    }
+
+
+def _rank_cell(status: dict[str, Any]) -> str:
+    state = status.get("state", "unreachable")
+    if state == "running":
+        return f"running since {status.get('started_at')}"
+    if state == "exited":
+        return f"exited ({status.get('exit_code')}) at {status.get('finished_at')}"
+    return state
+
+
+def health_table(report: dict[str, Any]) -> str:
+    """The verdict as a few lines of text for an operator: one row per rank, then the API, the
+    supervisor and the verdict."""
+    row = "{:<12} {:<10} {:<46} {:<8} {:<12} {}"
+    lines = [row.format("node", "container", "rank", "guard", "MemAvailable", "API")]
+    health = report["api"].get("health")
+    for node in report["nodes"]:
+        status = node.get("status") if isinstance(node.get("status"), dict) else {}
+        memory = status.get("mem_available_bytes")
+        api = "-"
+        if node["rank"] == 0:
+            api = "healthy" if health == 200 else f"not healthy ({health or 'no answer'})"
+        lines.append(
+            row.format(
+                node["name"],
+                status.get("container", "?"),
+                _rank_cell(status),
+                node.get("guard") or "unknown",
+                f"{memory / GIB:.1f} GiB" if isinstance(memory, (int, float)) else "?",
+                api,
+            )
+        )
+    api = report["api"]
+    lines.append(
+        f"API: {api.get('running', '?')} running, {api.get('waiting', '?')} waiting, "
+        f"{api.get('generation_tokens_total', '?')} tokens generated"
+    )
+    lines += [
+        f"memory guard killed the ranks on {kill['node']} at {_when(kill['time'])}"
+        for kill in report["memguard_kills"]
+    ]
+    supervisor = report["supervisor"]
+    if isinstance(supervisor, dict):
+        last = supervisor.get("last_action") or {}
+        lines.append(
+            f"supervisor: {supervisor.get('state')} since {_when(supervisor.get('since'))}"
+            f" ({supervisor.get('reason') or '-'}); attempts {supervisor.get('attempts', 0)}; last action: "
+            + (
+                f"{last.get('action')} at {_when(last.get('time'))} ({last.get('reason')})"
+                if last
+                else "none"
+            )
+        )
+    else:
+        lines.append("supervisor: no state")
+    lines.append("healthy" if report["healthy"] else "DEGRADED: " + "; ".join(report["problems"]))
+    return "\n".join(lines)

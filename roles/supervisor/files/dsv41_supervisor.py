@@ -1,0 +1,1311 @@
+"""Supervisor of the DeepSeek-V4.1-Flash rank group (vLLM tensor parallel over DGX Sparks).
+
+A multi-node vLLM group is all or nothing: when a headless rank dies (crash, memory-guard kill,
+node reboot) rank 0 cannot re-admit a new one, and a rank that docker restarts alone either
+fails its rendezvous or hangs. Worse, the API lies: ``/health`` stays 200 while the engine is
+deadlocked, so nothing outside the engine notices. This service, on the head, watches every rank
+through ``dsv41_rankctl.py`` (locally for rank 0, through a forced-command SSH key for the
+workers) and the API's honest signals (``/metrics`` progress and a tiny completion when idle),
+and restarts the whole group in order when it must: stop the head, stop the workers, start the
+workers, start the head.
+
+Around that: a memory-guard kill stops the whole group and waits for memory before starting it
+again (a lone survivor only wastes memory); failed starts back off, doubling, and after
+``max_attempts`` in a row the supervisor gives up and says why; while a deployment run holds
+``<state_dir>/deployment.lock`` it acts on nothing; on its first look after it starts it adopts
+a group that is already serving instead of restarting it. Every decision is logged with its
+reason (stdout for journald, and a size-rotated ``supervisor.log``), and
+``supervisor-state.json`` says where it stands, rewritten atomically every tick.
+
+Stdlib only, Python 3.10+, runs as root under systemd. The decisions are pure functions of an
+observation, the remembered state and the time; the loop takes its clock, sleep, command runner
+and HTTP client as parameters, so the unit tests run without docker, root, ssh or a network.
+All times are epoch seconds from one clock: order the unit after time-sync.target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import enum
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.client import HTTPException
+from pathlib import Path
+from types import FrameType
+from typing import Any, NamedTuple
+
+GIB = 1024**3
+MIB = 1024**2
+
+LOCK_NAME = "deployment.lock"
+STATE_NAME = "supervisor-state.json"
+LOG_NAME = "supervisor.log"
+PROBE_PROMPT = "Say OK."
+HTTP_BODY_LIMIT = 8 * MIB  # /metrics with every histogram is a few hundred KiB
+DETAIL_MAX_CHARS = 300
+
+METRIC_RUNNING = "vllm:num_requests_running"
+METRIC_WAITING = "vllm:num_requests_waiting"
+METRIC_GENERATED = "vllm:generation_tokens_total"
+
+# Every key the config may have, with its default; None marks the required ones.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "state_dir": None,
+    "api_key_file": None,
+    "model": None,
+    "nodes": None,
+    "log_max_bytes": 10 * MIB,
+    "log_backups": 3,
+    "interval_seconds": 5,
+    "hang_seconds": 60,
+    "probe_interval_seconds": 60,
+    "probe_timeout_seconds": 30,
+    "startup_timeout_seconds": 1200,
+    "backoff_initial_seconds": 10,
+    "backoff_max_seconds": 300,
+    "max_attempts": 5,
+    "memguard_floor_gib": 1,
+    "memory_margin_gib": 4,
+    "api_url": "http://127.0.0.1:8000",
+    "pause_max_minutes": 120,
+    "rankctl_timeout_seconds": 20,  # one status call, ssh included
+    "rankctl_action_timeout_seconds": 120,  # one start or stop (docker stop waits up to 30 s)
+    "http_timeout_seconds": 10,  # /health and /metrics
+}
+
+
+class State(enum.Enum):
+    """Where the group stands, as the state file and the log say it."""
+
+    HEALTHY = "healthy"
+    STARTING = "starting"  # started (or adopted) and not yet serving
+    RESTARTING = "restarting"  # only while the restart steps run
+    MEMORY_WAIT = "memory_wait"  # stopped after a memory-guard kill, waiting for memory
+    BACKOFF = "backoff"  # an attempt failed; the next restart waits
+    GAVE_UP = "gave_up"  # max_attempts failed in a row; acts on nothing until the service restarts
+    PAUSED = "paused"  # a deployment run holds the lock
+    STOPPED = "stopped"  # the supervisor is not running (written on exit) or has not looked yet
+
+
+class Action(enum.Enum):
+    NONE = "none"
+    ADOPT = "adopt"  # take the running group as the reference, without touching it
+    RESTART = "restart"  # stop head, stop workers, start workers, start head
+    STOP = "stop"  # stop head, stop workers (memory)
+
+
+class Probe(enum.Enum):
+    OK = "ok"
+    FAILED = "failed"
+    INCONCLUSIVE = "inconclusive"  # 401 or no key: the API answered without asking the engine
+
+
+class LockStatus(enum.Enum):
+    NONE = "none"
+    HELD = "held"
+    STALE = "stale"
+
+
+class CommandResult(NamedTuple):
+    """Outcome of one rankctl call; failures to run at all are folded in (124 timeout, 127 OSError)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class HttpResult(NamedTuple):
+    """status None: no HTTP answer at all (refused, timed out); error says why."""
+
+    status: int | None
+    body: str
+    error: str
+
+
+Runner = Callable[[Sequence[str], float], CommandResult]
+Http = Callable[[str, str, Mapping[str, str], "bytes | None", float], HttpResult]
+
+
+class ConfigError(ValueError):
+    """The config file cannot be used; the message lists every problem."""
+
+
+class StopRequested(Exception):
+    """Raised from the SIGTERM/SIGINT handler to leave the loop wherever it is, even mid-sleep."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    rank: int
+    rankctl: tuple[str, ...]  # the verb is appended (for ssh: becomes SSH_ORIGINAL_COMMAND)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated config, in seconds and bytes; nodes sorted by rank (rank 0, the head, first)."""
+
+    state_dir: Path
+    api_key_file: Path
+    model: str
+    nodes: tuple[NodeConfig, ...]
+    log_max_bytes: int
+    log_backups: int
+    interval: float
+    hang: float
+    probe_interval: float
+    probe_timeout: float
+    startup_timeout: float
+    backoff_initial: float
+    backoff_max: float
+    max_attempts: int
+    memguard_floor_gib: float
+    memory_margin_gib: float
+    api_url: str
+    pause_max: float
+    rankctl_timeout: float
+    rankctl_action_timeout: float
+    http_timeout: float
+
+    @property
+    def memory_needed(self) -> int:
+        return int((self.memguard_floor_gib + self.memory_margin_gib) * GIB)
+
+    @property
+    def head(self) -> NodeConfig:
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> tuple[NodeConfig, ...]:
+        return self.nodes[1:]
+
+    @property
+    def lock_path(self) -> Path:
+        return self.state_dir / LOCK_NAME
+
+    def describe(self) -> str:
+        """The start line: every setting but the key, so a log read later says how it was configured."""
+        nodes = " ".join(f"{n.rank}:{n.name}" for n in self.nodes)
+        return (
+            f"pid={os.getpid()} nodes=[{nodes}] api={self.api_url} model={self.model}"
+            f" interval={self.interval:g}s hang={self.hang:g}s probe_every={self.probe_interval:g}s"
+            f" probe_timeout={self.probe_timeout:g}s startup_timeout={self.startup_timeout:g}s"
+            f" backoff={self.backoff_initial:g}..{self.backoff_max:g}s max_attempts={self.max_attempts}"
+            f" memory_needed={format_gib(self.memory_needed)} pause_max={self.pause_max:g}s"
+            f" state_dir={self.state_dir} key_file={self.api_key_file}"
+        )
+
+
+class RankStatus(NamedTuple):
+    """One node's rank as rankctl reported it; state "unreachable" when rankctl gave no status."""
+
+    node: str
+    rank: int
+    state: str
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    restart_count: int = 0
+    oom_killed: bool = False
+    boot_id: str | None = None
+    mem_available: int | None = None
+    memguard_last_kill: float | None = None
+    detail: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+class Metrics(NamedTuple):
+    """Sums over label sets; None when the API gave no /metrics or lacks the metric."""
+
+    running: float | None = None
+    waiting: float | None = None
+    generation_tokens: float | None = None
+
+
+class ProbeResult(NamedTuple):
+    time: float
+    outcome: Probe
+    detail: str
+
+
+class Observation(NamedTuple):
+    """Everything one tick saw."""
+
+    ranks: tuple[RankStatus, ...]
+    health: int | None
+    health_detail: str
+    metrics: Metrics
+    probe: ProbeResult | None  # None: no probe this tick
+    lock: LockStatus = LockStatus.NONE
+    lock_mtime: float | None = None
+
+
+class Baseline(NamedTuple):
+    """What a rank looked like when the supervisor last started or adopted the group."""
+
+    started_at: str | None
+    boot_id: str | None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The supervisor's remembered state, replaced (never mutated) every tick."""
+
+    state: State = State.STOPPED
+    reason: str = "not looked yet"
+    since: float = 0.0
+    attempts: int = 0  # failed attempts in a row
+    backoff_until: float | None = None
+    needs_adoption: bool = True  # the first look after the service (or a pause) started
+    group_started: float | None = None
+    baseline: Mapping[str, Baseline] = field(default_factory=dict)
+    last_tokens: float | None = None
+    last_progress: float | None = None
+    health_bad_since: float | None = None
+    last_probe: ProbeResult | None = None
+    last_action: tuple[float, str, str] | None = None
+    stale_lock_warned: float | None = None  # mtime of the stale lock already warned about
+
+
+class Decision(NamedTuple):
+    action: Action
+    state: State  # the state once the action has succeeded
+    reason: str
+    attempts: int
+    backoff_until: float | None = None
+
+
+class Step(NamedTuple):
+    verb: str
+    node: NodeConfig
+
+    def describe(self) -> str:
+        return f"{self.verb} rank {self.node.rank} on {self.node.name}"
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+
+def _number(doc: Mapping[str, Any], key: str, problems: list[str], *, minimum: float, strict: bool) -> float:
+    value = doc[key]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= minimum if strict else value < minimum):
+        problems.append(f"{key} must be a finite number {'>' if strict else '>='} {minimum:g}, got {value!r}")
+        return float(CONFIG_DEFAULTS[key] or 1)
+    return float(value)
+
+
+def _integer(doc: Mapping[str, Any], key: str, problems: list[str], *, minimum: int) -> int:
+    value = doc[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        problems.append(f"{key} must be an integer >= {minimum}, got {value!r}")
+        return int(CONFIG_DEFAULTS[key] or 1)
+    return value
+
+
+def _nodes(value: Any, problems: list[str]) -> tuple[NodeConfig, ...]:
+    if not isinstance(value, list) or not value:
+        problems.append("nodes must be a non-empty list of {name, rank, rankctl}")
+        return ()
+    nodes = []
+    for index, entry in enumerate(value):
+        where = f"nodes[{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"name", "rank", "rankctl"}:
+            problems.append(f"{where} must be an object with exactly name, rank and rankctl")
+            continue
+        name, rank, argv = entry["name"], entry["rank"], entry["rankctl"]
+        if not isinstance(name, str) or not name:
+            problems.append(f"{where}.name must be a non-empty string")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            problems.append(f"{where}.rank must be an integer >= 0")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
+            problems.append(f"{where}.rankctl must be a non-empty argv list of non-empty strings")
+        else:
+            nodes.append(NodeConfig(str(name), rank, tuple(argv)))
+    if len(nodes) == len(value):
+        ranks = sorted(n.rank for n in nodes)
+        if ranks != list(range(len(nodes))):
+            problems.append(
+                f"node ranks must be 0..{len(nodes) - 1}, each once (rank 0 the head), got {ranks}"
+            )
+        if len({n.name for n in nodes}) != len(nodes):
+            problems.append("node names must be unique")
+    return tuple(sorted(nodes, key=lambda n: n.rank))
+
+
+def load_settings(doc: Any) -> Settings:
+    """Validate the config document; ConfigError lists every problem, not just the first."""
+    if not isinstance(doc, dict):
+        raise ConfigError("the config must be a JSON object")
+    problems = [f"unknown key {key!r}" for key in sorted(set(doc) - set(CONFIG_DEFAULTS))]
+    problems += [
+        f"missing required key {k!r}" for k, v in CONFIG_DEFAULTS.items() if v is None and k not in doc
+    ]
+    if problems:
+        raise ConfigError("; ".join(problems))
+    full = {**CONFIG_DEFAULTS, **doc}
+    for key in ("state_dir", "api_key_file"):
+        # Root's ~ is not the deployment user's: insist on the path the role resolved.
+        if not isinstance(full[key], str) or not full[key].startswith("/"):
+            problems.append(f"{key} must be an absolute path, got {full[key]!r}")
+    if not isinstance(full["model"], str) or not full["model"]:
+        problems.append("model must be the served model name (a non-empty string)")
+    api_url = full["api_url"]
+    if not isinstance(api_url, str) or not api_url.startswith(("http://", "https://")):
+        problems.append(f"api_url must be an http:// or https:// URL, got {api_url!r}")
+    seconds = {
+        key: _number(full, key, problems, minimum=0, strict=True)
+        for key in (
+            "interval_seconds",
+            "hang_seconds",
+            "probe_interval_seconds",
+            "probe_timeout_seconds",
+            "startup_timeout_seconds",
+            "backoff_initial_seconds",
+            "backoff_max_seconds",
+            "pause_max_minutes",
+            "memguard_floor_gib",
+            "rankctl_timeout_seconds",
+            "rankctl_action_timeout_seconds",
+            "http_timeout_seconds",
+        )
+    }
+    margin = _number(full, "memory_margin_gib", problems, minimum=0, strict=False)
+    if seconds["backoff_max_seconds"] < seconds["backoff_initial_seconds"]:
+        problems.append("backoff_max_seconds must be >= backoff_initial_seconds")
+    max_attempts = _integer(full, "max_attempts", problems, minimum=1)
+    log_max_bytes = _integer(full, "log_max_bytes", problems, minimum=1)
+    log_backups = _integer(full, "log_backups", problems, minimum=0)
+    nodes = _nodes(full["nodes"], problems)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return Settings(
+        state_dir=Path(full["state_dir"]),
+        api_key_file=Path(full["api_key_file"]),
+        model=full["model"],
+        nodes=nodes,
+        log_max_bytes=log_max_bytes,
+        log_backups=log_backups,
+        interval=seconds["interval_seconds"],
+        hang=seconds["hang_seconds"],
+        probe_interval=seconds["probe_interval_seconds"],
+        probe_timeout=seconds["probe_timeout_seconds"],
+        startup_timeout=seconds["startup_timeout_seconds"],
+        backoff_initial=seconds["backoff_initial_seconds"],
+        backoff_max=seconds["backoff_max_seconds"],
+        max_attempts=max_attempts,
+        memguard_floor_gib=seconds["memguard_floor_gib"],
+        memory_margin_gib=margin,
+        api_url=api_url.rstrip("/"),
+        pause_max=seconds["pause_max_minutes"] * 60,
+        rankctl_timeout=seconds["rankctl_timeout_seconds"],
+        rankctl_action_timeout=seconds["rankctl_action_timeout_seconds"],
+        http_timeout=seconds["http_timeout_seconds"],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions: parsing
+# --------------------------------------------------------------------------------------------
+
+
+def _one_line(text: str, limit: int | None = DETAIL_MAX_CHARS) -> str:
+    """Keep a log entry on one line whatever a remote command or server put in it."""
+    clean = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    if limit is not None and len(clean) > limit:
+        clean = clean[: limit - 3] + "..."
+    return clean
+
+
+def format_gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.2f} GiB"
+
+
+def format_time(when: float) -> str:
+    """Local ISO-8601 with offset, to the second: the unit of every reason that names a time."""
+    return datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="seconds")
+
+
+def _sample(line: str) -> tuple[str, float] | None:
+    """Name and value of one Prometheus text sample line; None for anything else.
+
+    Label values are quoted and may hold spaces, braces or escaped quotes, so the label set is
+    skipped by scanning for its closing brace outside quotes rather than by splitting.
+    """
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return None
+    brace, space = line.find("{"), line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name, index, quoted = line[:brace], brace + 1, False
+        while index < len(line):
+            ch = line[index]
+            if ch == "\\" and quoted:
+                index += 1
+            elif ch == '"':
+                quoted = not quoted
+            elif ch == "}" and not quoted:
+                break
+            index += 1
+        else:
+            return None  # no closing brace: a truncated line
+        rest = line[index + 1 :]
+    else:
+        name, _, rest = line.partition(" ")
+    fields = rest.split()
+    if not name or not fields:
+        return None
+    try:
+        return name, float(fields[0])  # float() reads NaN, +Inf and 1.5e+06 as Prometheus writes them
+    except ValueError:
+        return None
+
+
+def parse_metrics(text: str) -> Metrics:
+    """The three series the supervisor watches, each summed over its label sets (engines, models)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        sample = _sample(line)
+        if sample and sample[0] in (METRIC_RUNNING, METRIC_WAITING, METRIC_GENERATED):
+            sums[sample[0]] = sums.get(sample[0], 0.0) + sample[1]
+    return Metrics(sums.get(METRIC_RUNNING), sums.get(METRIC_WAITING), sums.get(METRIC_GENERATED))
+
+
+def _optional(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) and kind is not bool:
+        return None
+    if kind is float and isinstance(value, int):
+        return float(value)
+    return value if isinstance(value, kind) else None
+
+
+def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
+    """A node's status from its rankctl output; "unreachable" when there is no status document.
+
+    rankctl exits 1 with a document (state "unknown") when docker does not answer: that document
+    still carries the node's memory and boot id, so it is used whatever the exit code.
+    """
+    doc = None
+    try:
+        doc = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
+    except json.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("state"), str):
+        why = result.stderr.strip() or result.stdout.strip() or "no output"
+        return RankStatus(
+            node.name, node.rank, "unreachable", detail=_one_line(f"rc={result.returncode}: {why}")
+        )
+    return RankStatus(
+        node=node.name,
+        rank=node.rank,
+        state=doc["state"],
+        exit_code=_optional(doc.get("exit_code"), int),
+        started_at=_optional(doc.get("started_at"), str),
+        finished_at=_optional(doc.get("finished_at"), str),
+        restart_count=_optional(doc.get("restart_count"), int) or 0,
+        oom_killed=doc.get("oom_killed") is True,
+        boot_id=_optional(doc.get("boot_id"), str),
+        mem_available=_optional(doc.get("mem_available_bytes"), int),
+        memguard_last_kill=_optional(doc.get("memguard_last_kill"), float),
+        detail=_one_line(str(doc.get("error", ""))),
+    )
+
+
+def parse_action_result(result: CommandResult) -> tuple[bool, str]:
+    """Whether a rankctl start/stop succeeded, and its detail."""
+    doc = None
+    try:
+        doc = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("ok"), bool):
+        detail = _one_line(str(doc.get("detail", "")))
+        return (doc["ok"] and result.returncode == 0), detail
+    why = result.stderr.strip() or result.stdout.strip() or "no output"
+    return False, _one_line(f"rc={result.returncode}: {why}")
+
+
+def classify_probe(result: HttpResult) -> tuple[Probe, str]:
+    """200 answers; 401 means the key file and the server disagree, which says nothing about the
+    engine (the API server refuses before the engine sees it); anything else failed."""
+    if result.status == 200:
+        return Probe.OK, "answered"
+    if result.status == 401:
+        return Probe.INCONCLUSIVE, "HTTP 401: the key file does not match the server's key"
+    if result.status is None:
+        return Probe.FAILED, _one_line(result.error or "no answer")
+    body = _one_line(result.body, 160)
+    return Probe.FAILED, f"HTTP {result.status}" + (f": {body}" if body else "")
+
+
+def lock_status(mtime: float | None, now: float, pause_max: float) -> LockStatus:
+    """A lock younger than pause_max pauses; an older one was left behind by a run that died."""
+    if mtime is None:
+        return LockStatus.NONE
+    return LockStatus.HELD if now - mtime < pause_max else LockStatus.STALE
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions: deciding
+# --------------------------------------------------------------------------------------------
+
+
+def backoff_delay(attempts: int, settings: Settings) -> float:
+    """Seconds before the next restart after ``attempts`` failed attempts in a row (>= 1)."""
+    return min(settings.backoff_initial * 2 ** max(0, attempts - 1), settings.backoff_max)
+
+
+def should_probe(
+    memory: Memory, health: int | None, metrics: Metrics, now: float, settings: Settings
+) -> bool:
+    """Probe a starting group on every tick once /health is 200 (until the probe answers), and a
+    healthy one when nothing runs and probe_interval has passed. A busy engine proves itself
+    through its token counter; a probe then would only queue behind real work."""
+    if health != 200 or memory.needs_adoption:
+        return False
+    if memory.state is State.STARTING:
+        return True
+    if memory.state is not State.HEALTHY:
+        return False
+    if metrics.running:  # None (no metrics) probes: the probe is then the only signal
+        return False
+    return memory.last_probe is None or now - memory.last_probe.time >= settings.probe_interval
+
+
+def track(memory: Memory, obs: Observation, now: float) -> Memory:
+    """Carry the progress, health and probe history forward with this tick's observation.
+
+    Progress is new tokens, or nothing running (idle is not stuck). Without metrics nothing is
+    known, so the last progress stays where it was: a hang that hid behind a failing /metrics is
+    caught as soon as the metrics come back.
+    """
+    tokens, running = obs.metrics.generation_tokens, obs.metrics.running
+    last_tokens, last_progress = memory.last_tokens, memory.last_progress
+    if tokens is not None and tokens != last_tokens:
+        last_tokens, last_progress = tokens, now
+    elif running == 0 or last_progress is None:
+        last_progress = now
+    health_bad_since = memory.health_bad_since if memory.health_bad_since is not None else now
+    if obs.health == 200:
+        health_bad_since = None
+    return dataclasses.replace(
+        memory,
+        last_tokens=last_tokens,
+        last_progress=last_progress,
+        health_bad_since=health_bad_since,
+        last_probe=obs.probe or memory.last_probe,
+    )
+
+
+def _exit_words(rank: RankStatus) -> str:
+    parts = [rank.state]
+    if rank.exit_code is not None:
+        parts.append(f"exit code {rank.exit_code}")
+    if rank.oom_killed:
+        parts.append("OOM killed")
+    if rank.finished_at:
+        parts.append(f"finished {rank.finished_at}")
+    if rank.detail:
+        parts.append(rank.detail)
+    return ", ".join(parts)
+
+
+def lost_rank_reason(rank: RankStatus) -> str:
+    return f"lost rank {rank.rank} on {rank.node}: {_exit_words(rank)}"
+
+
+def group_fault(obs: Observation, memory: Memory) -> str | None:
+    """Why the group cannot go on as it is: a rank not running, a node back from a reboot, or a
+    rank that restarted alone (docker's restart policy) since the group was started or adopted."""
+    for rank in obs.ranks:
+        if not rank.running:
+            return lost_rank_reason(rank)
+    for rank in obs.ranks:
+        recorded = memory.baseline.get(rank.node)
+        if recorded and recorded.boot_id and rank.boot_id and rank.boot_id != recorded.boot_id:
+            return f"node {rank.node} rebooted: boot_id {recorded.boot_id} -> {rank.boot_id}"
+    for rank in obs.ranks:
+        recorded = memory.baseline.get(rank.node)
+        if recorded is not None and rank.started_at != recorded.started_at:
+            return (
+                f"rank {rank.rank} on {rank.node} restarted alone: started {rank.started_at},"
+                f" the group started it at {recorded.started_at} (docker restart count {rank.restart_count})"
+            )
+    return None
+
+
+def memguard_kill(obs: Observation, memory: Memory) -> RankStatus | None:
+    """The node whose memory guard killed after the group was last started, if any."""
+    if memory.group_started is None:
+        return None
+    for rank in obs.ranks:
+        if rank.memguard_last_kill is not None and rank.memguard_last_kill > memory.group_started:
+            return rank
+    return None
+
+
+def memory_short(obs: Observation, needed: int) -> list[RankStatus]:
+    """Nodes without ``needed`` bytes available; a node that did not say counts as short."""
+    return [r for r in obs.ranks if r.mem_available is None or r.mem_available < needed]
+
+
+def failed_attempt(attempts: int, reason: str, now: float, settings: Settings) -> Decision:
+    """One more failed attempt: back off, or give up after max_attempts in a row."""
+    attempts += 1
+    if attempts >= settings.max_attempts:
+        return Decision(
+            Action.NONE,
+            State.GAVE_UP,
+            f"gave up after {attempts} failed attempts in a row; last: {reason}",
+            attempts,
+        )
+    delay = backoff_delay(attempts, settings)
+    return Decision(
+        Action.NONE,
+        State.BACKOFF,
+        f"attempt {attempts} of {settings.max_attempts} failed: {reason}; next restart in {delay:g} s",
+        attempts,
+        now + delay,
+    )
+
+
+def _health_words(obs: Observation) -> str:
+    return f"/health {obs.health}" if obs.health is not None else f"/health no answer ({obs.health_detail})"
+
+
+def _adopt(obs: Observation) -> Decision:
+    """The first look (service start or end of a pause): leave a running group alone."""
+    running = [r for r in obs.ranks if r.running]
+    if len(running) == len(obs.ranks):
+        ranks = ", ".join(f"rank {r.rank} on {r.node} started {r.started_at}" for r in obs.ranks)
+        if obs.health == 200:
+            return Decision(Action.ADOPT, State.HEALTHY, f"adopted the running group ({ranks})", 0)
+        return Decision(
+            Action.ADOPT,
+            State.STARTING,
+            f"adopted the running group ({ranks}) while the API is not ready ({_health_words(obs)})",
+            0,
+        )
+    if not running:
+        states = ", ".join(f"rank {r.rank} on {r.node} {r.state}" for r in obs.ranks)
+        return Decision(Action.RESTART, State.STARTING, f"no rank running ({states}): starting the group", 0)
+    lost = next(r for r in obs.ranks if not r.running)
+    return Decision(Action.RESTART, State.STARTING, lost_rank_reason(lost), 0)
+
+
+def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Settings) -> Decision:
+    attempts = memory.attempts + 1
+    assert rank.memguard_last_kill is not None
+    reason = (
+        f"memory guard on {rank.node} killed at {format_time(rank.memguard_last_kill)}: stopping the group,"
+        f" then waiting for {format_gib(settings.memory_needed)} available on every node"
+    )
+    if attempts >= settings.max_attempts:
+        return Decision(
+            Action.STOP,
+            State.GAVE_UP,
+            f"gave up after {attempts} failed attempts in a row; last: {reason}",
+            attempts,
+        )
+    return Decision(Action.STOP, State.MEMORY_WAIT, reason, attempts)
+
+
+def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
+    fault = group_fault(obs, memory)
+    if fault:
+        return failed_attempt(memory.attempts, f"while starting: {fault}", now, settings)
+    probe = memory.last_probe
+    answered = probe is not None and memory.group_started is not None and probe.time >= memory.group_started
+    if obs.health == 200 and answered and probe.outcome is not Probe.FAILED:
+        note = (
+            ""
+            if probe.outcome is Probe.OK
+            else f" (probe inconclusive: {probe.detail}; /health alone counts)"
+        )
+        return Decision(
+            Action.NONE,
+            State.HEALTHY,
+            f"group healthy: every rank running, /health 200, probe answered{note}",
+            0,
+        )
+    started = memory.group_started if memory.group_started is not None else memory.since
+    if now - started >= settings.startup_timeout:
+        last = f"; last probe: {probe.detail}" if answered else ""
+        return failed_attempt(
+            memory.attempts,
+            f"startup: not healthy within {settings.startup_timeout:g} s ({_health_words(obs)}{last})",
+            now,
+            settings,
+        )
+    return Decision(Action.NONE, State.STARTING, memory.reason, memory.attempts)
+
+
+def _decide_healthy(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
+    def restart(reason: str) -> Decision:
+        return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
+
+    fault = group_fault(obs, memory)
+    if fault:
+        return restart(fault)
+    running = obs.metrics.running
+    if running and memory.last_progress is not None and now - memory.last_progress >= settings.hang:
+        stalled = now - memory.last_progress
+        return restart(f"hang: {running:g} requests running, no new tokens for {stalled:g} s")
+    if obs.probe is not None and obs.probe.outcome is Probe.FAILED:
+        return restart(f"idle probe failed: {obs.probe.detail}")
+    if memory.health_bad_since is not None and now - memory.health_bad_since >= settings.hang:
+        return restart(f"API {_health_words(obs)} for {now - memory.health_bad_since:g} s")
+    reason = memory.reason if memory.state is State.HEALTHY else "group healthy"
+    return Decision(Action.NONE, State.HEALTHY, reason, 0)
+
+
+def _decide_paused(obs: Observation, settings: Settings) -> Decision:
+    assert obs.lock_mtime is not None
+    reason = f"paused: {settings.lock_path} held (since {format_time(obs.lock_mtime)})"
+    return Decision(Action.NONE, State.PAUSED, reason, 0)
+
+
+def _decide_gave_up(_obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
+    return Decision(Action.NONE, State.GAVE_UP, memory.reason, memory.attempts)
+
+
+def _decide_backoff(_obs: Observation, memory: Memory, now: float, _settings: Settings) -> Decision:
+    if memory.backoff_until is not None and now < memory.backoff_until:
+        return Decision(Action.NONE, State.BACKOFF, memory.reason, memory.attempts, memory.backoff_until)
+    return Decision(
+        Action.RESTART, State.STARTING, f"backoff over; restarting ({memory.reason})", memory.attempts
+    )
+
+
+def _decide_memory_wait(obs: Observation, memory: Memory, _now: float, settings: Settings) -> Decision:
+    if memory_short(obs, settings.memory_needed):
+        return Decision(Action.NONE, State.MEMORY_WAIT, memory.reason, memory.attempts)
+    lowest = min(obs.ranks, key=lambda r: r.mem_available or 0)
+    reason = (
+        f"memory back: every node has >= {format_gib(settings.memory_needed)} available"
+        f" (lowest {lowest.node} {format_gib(lowest.mem_available or 0)}): restarting the group"
+    )
+    return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
+
+
+# States in which the group's health does not matter: the supervisor is waiting for something else.
+_WAITING = {
+    State.GAVE_UP: _decide_gave_up,
+    State.BACKOFF: _decide_backoff,
+    State.MEMORY_WAIT: _decide_memory_wait,
+}
+
+
+def decide(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
+    """The one decision of a tick, from the observation, the remembered state (already carried
+    forward by track()) and the time. Pure: the caller does what it says."""
+    if obs.lock is LockStatus.HELD:
+        return _decide_paused(obs, settings)
+    if memory.needs_adoption:
+        return _adopt(obs)
+    waiting = _WAITING.get(memory.state)
+    if waiting is not None:
+        return waiting(obs, memory, now, settings)
+    killed = memguard_kill(obs, memory)
+    if killed is not None:  # before any restart: a restart now would be killed again
+        return _memory_stop(killed, memory, now, settings)
+    if memory.state is State.STARTING:
+        return _decide_starting(obs, memory, now, settings)
+    return _decide_healthy(obs, memory, now, settings)
+
+
+def restart_plan(settings: Settings) -> list[Step]:
+    """The group restart: stop the head (rank 0) first so it stops serving a group about to break,
+    stop every worker, start every worker, then the head, which waits for them at its rendezvous."""
+    workers = list(settings.workers)
+    return [
+        Step("stop", settings.head),
+        *(Step("stop", w) for w in workers),
+        *(Step("start", w) for w in workers),
+        Step("start", settings.head),
+    ]
+
+
+def stop_plan(settings: Settings) -> list[Step]:
+    return [Step("stop", settings.head), *(Step("stop", w) for w in settings.workers)]
+
+
+def baseline_from(ranks: Sequence[RankStatus]) -> dict[str, Baseline]:
+    return {r.node: Baseline(r.started_at, r.boot_id) for r in ranks}
+
+
+def rank_summary(rank: RankStatus) -> dict[str, Any]:
+    return {
+        "node": rank.node,
+        "rank": rank.rank,
+        "state": rank.state,
+        "exit_code": rank.exit_code,
+        "started_at": rank.started_at,
+        "finished_at": rank.finished_at,
+        "restart_count": rank.restart_count,
+        "oom_killed": rank.oom_killed,
+        "boot_id": rank.boot_id,
+        "mem_available_bytes": rank.mem_available,
+        "memguard_last_kill": rank.memguard_last_kill,
+        "detail": rank.detail,
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    """NaN and infinities are not JSON (status.yml's from_json refuses them)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def state_document(memory: Memory, obs: Observation | None, now: float, pid: int) -> dict[str, Any]:
+    """supervisor-state.json."""
+    metrics = obs.metrics if obs else Metrics()
+    probe = memory.last_probe
+    return {
+        "state": memory.state.value,
+        "reason": memory.reason,
+        "since": memory.since,
+        "attempts": memory.attempts,
+        "backoff_until": memory.backoff_until,
+        "last_action": (
+            None
+            if memory.last_action is None
+            else dict(zip(("time", "action", "reason"), memory.last_action, strict=True))
+        ),
+        "ranks": [rank_summary(r) for r in obs.ranks] if obs else [],
+        "api": {
+            "health": obs.health if obs else None,
+            "running": _finite(metrics.running),
+            "waiting": _finite(metrics.waiting),
+            "generation_tokens_total": _finite(metrics.generation_tokens),
+            "last_progress": memory.last_progress,
+            "last_probe": (
+                None
+                if probe is None
+                else {"time": probe.time, "outcome": probe.outcome.value, "detail": probe.detail}
+            ),
+        },
+        "updated": now,
+        "pid": pid,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Side effects: log, files, rankctl, HTTP
+# --------------------------------------------------------------------------------------------
+
+
+def format_line(when: float, event: str, message: str) -> str:
+    """One log line: local ISO-8601 timestamp with offset, event word, message."""
+    stamp = datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="milliseconds")
+    return f"{stamp} {event} {_one_line(message, None)}\n"
+
+
+class RotatingLog:
+    """Append-only log with size-based rotation (log -> log.1 -> ... -> log.<backups>), each line
+    also on stdout for the journal. Opened per write: reopening survives an operator moving the
+    file, and a failed write goes to stderr instead of raising (a lost line must not stop us)."""
+
+    def __init__(
+        self, path: Path, max_bytes: int, backups: int, clock: Callable[[], float], echo: bool = True
+    ) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.clock = clock
+        self.echo = echo
+
+    def write(self, event: str, message: str) -> None:
+        line = format_line(self.clock(), event, message)
+        if self.echo:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        data = line.encode()
+        try:
+            self._rotate_if_needed(len(data))
+            with self.path.open("ab") as handle:
+                handle.write(data)
+        except OSError as exc:
+            sys.stderr.write(f"supervisor: cannot write {self.path}: {exc}\n")
+
+    def _rotate_if_needed(self, incoming: int) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size == 0 or size + incoming <= self.max_bytes:
+            return
+        if self.backups == 0:
+            self.path.unlink()
+            return
+        for index in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` through a temporary file beside it: a reader sees all or nothing."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
+    """Run an argv list (never a shell) with a timeout: an unreachable node must not hang the loop."""
+    try:
+        done = subprocess.run(  # noqa: S603 - argv list from the root-owned config, no shell
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        return CommandResult(124, "", f"timed out after {timeout:g}s")
+    except OSError as exc:
+        return CommandResult(127, "", str(exc))
+    return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+# No proxy: the API is on this host, and a proxy from the environment must never see the key.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_request(
+    method: str, url: str, headers: Mapping[str, str], body: bytes | None, timeout: float
+) -> HttpResult:
+    request = urllib.request.Request(url, data=body, headers=dict(headers), method=method)  # noqa: S310 - http(s) checked in load_settings
+    try:
+        with _OPENER.open(request, timeout=timeout) as reply:
+            return HttpResult(reply.status, reply.read(HTTP_BODY_LIMIT).decode("utf-8", "replace"), "")
+    except urllib.error.HTTPError as exc:
+        try:
+            text = exc.read(4096).decode("utf-8", "replace")
+        except (OSError, HTTPException):
+            text = ""
+        return HttpResult(exc.code, text, f"HTTP {exc.code}")
+    except urllib.error.URLError as exc:
+        return HttpResult(None, "", str(exc.reason))
+    except (OSError, HTTPException) as exc:  # timeouts while reading, resets, bad status lines
+        return HttpResult(None, "", f"{type(exc).__name__}: {exc}".rstrip(": "))
+
+
+def read_api_key(path: Path) -> str:
+    """The key, read at each use (site.yml may rotate it); ValueError when there is none."""
+    key = path.read_text(encoding="utf-8").strip()
+    if not key:
+        raise ValueError(f"{path} is empty")
+    return key
+
+
+def read_lock_mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+class Supervisor:
+    """The loop's state and its side effects; every decision comes from decide()."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log: RotatingLog,
+        *,
+        run: Runner,
+        http: Http,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.log = log
+        self.run = run
+        self.http = http
+        self.clock = clock
+        self.memory = Memory(since=clock())
+        self.last_obs: Observation | None = None
+        self._state_error: str | None = None
+
+    # -- looking ----------------------------------------------------------------------------
+
+    def rank_status(self, node: NodeConfig) -> RankStatus:
+        result = self.run([*node.rankctl, "status"], self.settings.rankctl_timeout)
+        return parse_rank_status(node, result)
+
+    def collect_ranks(self) -> tuple[RankStatus, ...]:
+        return tuple(self.rank_status(node) for node in self.settings.nodes)
+
+    def get_health(self) -> tuple[int | None, str]:
+        reply = self.http("GET", f"{self.settings.api_url}/health", {}, None, self.settings.http_timeout)
+        return reply.status, _one_line(reply.error)
+
+    def get_metrics(self) -> Metrics:
+        reply = self.http("GET", f"{self.settings.api_url}/metrics", {}, None, self.settings.http_timeout)
+        return parse_metrics(reply.body) if reply.status == 200 else Metrics()
+
+    def probe(self) -> ProbeResult:
+        s = self.settings
+        try:
+            key = read_api_key(s.api_key_file)
+        except (OSError, ValueError) as exc:
+            return ProbeResult(
+                self.clock(), Probe.INCONCLUSIVE, _one_line(f"no probe: cannot read the key: {exc}")
+            )
+        payload = {
+            "model": s.model,
+            "messages": [{"role": "user", "content": PROBE_PROMPT}],
+            "max_tokens": 1,
+            "temperature": 0,
+        }
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        reply = self.http(
+            "POST", f"{s.api_url}/v1/chat/completions", headers, json.dumps(payload).encode(), s.probe_timeout
+        )
+        outcome, detail = classify_probe(reply)
+        return ProbeResult(self.clock(), outcome, detail.replace(key, "<key>"))
+
+    def observe(self, now: float) -> Observation:
+        s = self.settings
+        mtime = read_lock_mtime(s.lock_path)
+        lock = lock_status(mtime, now, s.pause_max)
+        ranks = self.collect_ranks()
+        health, health_detail = self.get_health()
+        metrics = self.get_metrics()
+        probe = None
+        if lock is not LockStatus.HELD and should_probe(self.memory, health, metrics, now, s):
+            probe = self.probe()
+        return Observation(ranks, health, health_detail, metrics, probe, lock, mtime)
+
+    # -- acting -----------------------------------------------------------------------------
+
+    def run_steps(self, steps: Sequence[Step]) -> tuple[bool, str, float | None]:
+        """Run the steps in order, each logged; stop at the first failure (a worker that cannot be
+        stopped cannot be started either). Returns ok, the failure, and when the starts began."""
+        starts_began = None
+        for index, step in enumerate(steps, 1):
+            if step.verb == "start" and starts_began is None:
+                starts_began = self.clock()
+            result = self.run([*step.node.rankctl, step.verb], self.settings.rankctl_action_timeout)
+            ok, detail = parse_action_result(result)
+            self.log.write(
+                "step", f"{index}/{len(steps)} {step.describe()}: {'ok' if ok else 'FAILED'} ({detail})"
+            )
+            if not ok:
+                return False, f"{step.describe()} failed: {detail}", starts_began
+        return True, "", starts_began
+
+    def restart_group(self, decision: Decision, memory: Memory) -> Memory:
+        self.write_state(dataclasses.replace(memory, state=State.RESTARTING, reason=decision.reason))
+        ok, failure, starts_began = self.run_steps(restart_plan(self.settings))
+        now = self.clock()
+        last_action = (now, Action.RESTART.value, decision.reason)
+        if not ok:
+            failed = failed_attempt(decision.attempts, f"group restart: {failure}", now, self.settings)
+            self.log_decision(failed)
+            # needs_adoption off: a first look that failed to start the group must back off too.
+            return dataclasses.replace(
+                self.enter(memory, failed, now), needs_adoption=False, last_action=last_action
+            )
+        # The reference for "restarted alone" and "rebooted": the ranks as this start left them.
+        ranks = self.collect_ranks()
+        self.last_obs = self.last_obs._replace(ranks=ranks) if self.last_obs else None
+        return dataclasses.replace(
+            self.enter(memory, decision, now),
+            needs_adoption=False,
+            group_started=starts_began if starts_began is not None else now,
+            baseline=baseline_from(ranks),
+            last_tokens=None,
+            last_progress=now,
+            health_bad_since=None,
+            last_probe=None,
+            last_action=last_action,
+        )
+
+    def stop_group(self, decision: Decision, memory: Memory) -> Memory:
+        ok, failure, _ = self.run_steps(stop_plan(self.settings))
+        if not ok:  # the restart after the wait stops again; say so now
+            self.log.write("error", f"stopping the group: {failure}")
+        now = self.clock()
+        return dataclasses.replace(
+            self.enter(memory, decision, now), last_action=(now, Action.STOP.value, decision.reason)
+        )
+
+    @staticmethod
+    def enter(memory: Memory, decision: Decision, now: float) -> Memory:
+        """The memory once a decision's state holds."""
+        changed = decision.state is not memory.state
+        return dataclasses.replace(
+            memory,
+            state=decision.state,
+            reason=decision.reason,
+            since=now if changed else memory.since,
+            attempts=decision.attempts,
+            backoff_until=decision.backoff_until,
+        )
+
+    def log_decision(self, decision: Decision) -> None:
+        self.log.write(
+            "decision", f"{decision.state.value} action={decision.action.value}: {decision.reason}"
+        )
+
+    def apply(self, decision: Decision, memory: Memory, obs: Observation, now: float) -> Memory:
+        if (
+            decision.action is not Action.NONE
+            or decision.state is not memory.state
+            or decision.reason != memory.reason
+        ):
+            self.log_decision(decision)
+        if decision.action is Action.RESTART:
+            return self.restart_group(decision, memory)
+        if decision.action is Action.STOP:
+            return self.stop_group(decision, memory)
+        if decision.action is Action.ADOPT:
+            return dataclasses.replace(
+                self.enter(memory, decision, now),
+                needs_adoption=False,
+                group_started=now,
+                baseline=baseline_from(obs.ranks),
+                last_progress=now,
+                last_action=(now, Action.ADOPT.value, decision.reason),
+            )
+        entered = self.enter(memory, decision, now)
+        if decision.state is State.PAUSED:
+            # Whatever the run did, look at the group afresh afterwards, as after a service start.
+            return dataclasses.replace(entered, needs_adoption=True, group_started=None, baseline={})
+        return entered
+
+    def step(self) -> None:
+        """One tick: look, decide, act, record."""
+        s = self.settings
+        obs = self.observe(self.clock())
+        self.last_obs = obs
+        now = self.clock()
+        memory = track(self.memory, obs, now)
+        if obs.lock is LockStatus.STALE and memory.stale_lock_warned != obs.lock_mtime:
+            assert obs.lock_mtime is not None
+            self.log.write(
+                "warning",
+                f"ignoring {s.lock_path}: older than pause_max_minutes ({s.pause_max / 60:g})"
+                f" (since {format_time(obs.lock_mtime)}); a deployment run left it behind?",
+            )
+            memory = dataclasses.replace(memory, stale_lock_warned=obs.lock_mtime)
+        decision = decide(obs, memory, now, s)
+        self.memory = self.apply(decision, memory, obs, now)
+        self.write_state(self.memory)
+
+    def write_state(self, memory: Memory) -> None:
+        doc = state_document(memory, self.last_obs, self.clock(), os.getpid())
+        try:
+            write_atomically(self.settings.state_dir / STATE_NAME, json.dumps(doc, indent=1) + "\n")
+        except OSError as exc:
+            message = f"cannot write {self.settings.state_dir / STATE_NAME}: {exc}"
+            if message != self._state_error:  # once per distinct problem, not every tick
+                self.log.write("error", message)
+            self._state_error = message
+        else:
+            self._state_error = None
+
+    def stopped(self, signum: int) -> None:
+        """The service is stopping: say so in the state file; the ranks are left as they are."""
+        reason = f"supervisor stopped by {signal.Signals(signum).name}; ranks left as they are"
+        self.memory = dataclasses.replace(self.memory, state=State.STOPPED, reason=reason, since=self.clock())
+        self.write_state(self.memory)
+
+
+def run_loop(
+    supervisor: Supervisor,
+    *,
+    interval: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+    iterations: int | None = None,
+) -> None:
+    """Tick every ``interval`` seconds (tick time included) until stopped or ``iterations`` ran."""
+    done = 0
+    while iterations is None or done < iterations:
+        started = clock()
+        supervisor.step()
+        done += 1
+        sleep(max(0.0, interval - (clock() - started)))
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsv41_supervisor",
+        description="Watch the dsv41 rank group and restart it, in order, when it must.",
+    )
+    parser.add_argument(
+        "--config", required=True, help="JSON config file (keys and defaults: CONFIG_DEFAULTS)"
+    )
+    parser.add_argument("--once", action="store_true", help="one tick, then exit (tests and diagnostics)")
+    return parser
+
+
+def load_config_file(path: str) -> Settings:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not JSON: {exc}") from exc
+    return load_settings(doc)
+
+
+def _raise_stop(signum: int, _frame: FrameType | None) -> None:
+    raise StopRequested(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Supervise until SIGTERM/SIGINT (exit 0); exit 2 on a bad config."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_config_file(args.config)
+    except ConfigError as exc:
+        sys.stderr.write(f"dsv41_supervisor: bad config {args.config}: {exc}\n")
+        return 2
+    try:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # keep supervising; the log falls back to stdout and stderr
+        sys.stderr.write(f"dsv41_supervisor: cannot create {settings.state_dir}: {exc}\n")
+    log = RotatingLog(settings.state_dir / LOG_NAME, settings.log_max_bytes, settings.log_backups, time.time)
+    supervisor = Supervisor(settings, log, run=run_command, http=http_request, clock=time.time)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        log.write("start", settings.describe() + (" once" if args.once else ""))
+        if args.once:
+            supervisor.step()
+        else:
+            run_loop(supervisor, interval=settings.interval, sleep=time.sleep, clock=time.time)
+    except StopRequested as stop:
+        log.write("stop", f"{signal.Signals(stop.signum).name} received, exiting; ranks left as they are")
+        supervisor.stopped(stop.signum)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

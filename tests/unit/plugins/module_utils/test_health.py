@@ -1,0 +1,168 @@
+"""The deployment's verdict (``_health``), from what the nodes report."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ansible_collections.sparkserve.dsv41.plugins.filter.deployment_health import deployment_health_filter
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._health import deployment_health, health_table
+
+NOW = 1_800_000_000.0
+
+
+def rank(name: str, number: int, **status) -> dict:
+    base = {
+        "node": name,
+        "container": f"dsv41-r{number}",
+        "state": "running",
+        "exit_code": 0,
+        "started_at": "2026-12-03T04:00:00.1Z",
+        "finished_at": None,
+        "restart_count": 0,
+        "oom_killed": False,
+        "boot_id": "b",
+        "mem_available_bytes": 100 * 1024**3,
+        "memguard_last_kill": None,
+        "time": NOW,
+    }
+    return {"name": name, "rank": number, "status": {**base, **status}, "error": None, "guard": "active"}
+
+
+HEALTHY_NODES = [rank("head", 0), rank("worker", 1)]
+API = {"health": 200, "running": 0, "waiting": 0, "generation_tokens_total": 1234}
+SUPERVISOR = {"state": "healthy", "reason": "all ranks running", "since": NOW - 600, "attempts": 0,
+              "last_action": None, "updated": NOW - 2}  # fmt: skip
+
+
+def verdict(nodes=HEALTHY_NODES, api=API, supervisor=SUPERVISOR, **kwargs) -> dict:
+    return deployment_health(copy.deepcopy(nodes), api, supervisor, now=NOW, **kwargs)
+
+
+def test_a_healthy_pair():
+    report = verdict()
+    assert (report["healthy"], report["problems"]) == (True, [])
+    assert health_table(report).endswith("\nhealthy")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "problem"),
+    [
+        pytest.param(
+            [
+                rank("head", 0),
+                rank(
+                    "worker",
+                    1,
+                    state="exited",
+                    exit_code=137,
+                    oom_killed=True,
+                    finished_at="2026-12-03T04:05:00Z",
+                ),
+            ],
+            "worker (rank 1): container dsv41-r1 exited with code 137, OOM-killed at 2026-12-03T04:05:00Z",
+            id="exited",
+        ),
+        pytest.param(
+            [rank("head", 0, state="missing"), rank("worker", 1)],
+            "head (rank 0): container dsv41-r0 does not exist",
+            id="missing",
+        ),
+        pytest.param(
+            [rank("head", 0), rank("worker", 1, state="restarting")],
+            "worker (rank 1): container dsv41-r1 is restarting",
+            id="restarting",
+        ),
+        pytest.param(
+            [
+                rank("head", 0),
+                {"name": "worker", "rank": 1, "status": None, "error": "ssh: timed out", "guard": None},
+            ],
+            "worker (rank 1): cannot be asked (ssh: timed out)",
+            id="unreachable",
+        ),
+        pytest.param(
+            [rank("head", 0), {**rank("worker", 1), "guard": "failed"}],
+            "worker: memory guard is failed",
+            id="guard",
+        ),
+    ],
+)
+def test_a_rank_or_guard_down_is_degraded_and_named(nodes, problem):
+    report = verdict(nodes)
+    assert report["healthy"] is False
+    assert problem in report["problems"], report["problems"]
+    assert health_table(report).splitlines()[-1].startswith("DEGRADED: ")
+
+
+@pytest.mark.parametrize(
+    ("api", "problem"),
+    [
+        ({**API, "health": 503}, "API: /health answered 503"),
+        ({**API, "health": None}, "API: no answer on /health"),
+    ],
+)
+def test_an_api_that_does_not_answer_200_is_degraded(api, problem):
+    assert verdict(api=api)["problems"] == [problem]
+
+
+@pytest.mark.parametrize(
+    ("supervisor", "enabled", "problem"),
+    [
+        ({**SUPERVISOR, "state": "gave_up", "reason": "5 failed attempts: worker exited 1"}, True,
+         "supervisor: gave_up - 5 failed attempts: worker exited 1"),
+        ({**SUPERVISOR, "state": "memory_wait", "reason": "worker has 2.0 GiB"}, True,
+         "supervisor: memory_wait - worker has 2.0 GiB"),
+        ({**SUPERVISOR, "updated": NOW - 31}, True, "supervisor: not running (its state was last written "),
+        (None, True, "supervisor: no state written"),
+        ({**SUPERVISOR, "state": "paused", "reason": "deployment lock"}, True, None),
+        (None, False, None),
+    ],
+)  # fmt: skip
+def test_the_supervisor_is_part_of_the_verdict(supervisor, enabled, problem):
+    report = verdict(supervisor=supervisor, supervisor_enabled=enabled)
+    if problem is None:
+        assert report["healthy"], report["problems"]
+    else:
+        assert [p for p in report["problems"] if p.startswith(problem)], report["problems"]
+
+
+def test_the_table_shows_every_node_the_api_and_the_supervisors_last_action():
+    nodes = [rank("head", 0), rank("worker", 1, memguard_last_kill=NOW - 60)]
+    supervisor = {
+        **SUPERVISOR,
+        "last_action": {"time": NOW - 50, "action": "restart", "reason": "worker lost"},
+    }
+    lines = health_table(verdict(nodes, supervisor=supervisor)).splitlines()
+    assert lines[0].split() == ["node", "container", "rank", "guard", "MemAvailable", "API"]
+    assert lines[1].split() == [
+        "head",
+        "dsv41-r0",
+        "running",
+        "since",
+        "2026-12-03T04:00:00.1Z",
+        "active",
+        "100.0",
+        "GiB",
+        "healthy",
+    ]
+    assert lines[2].split()[-1] == "-", "the API is the head's"
+    assert lines[3] == "API: 0 running, 0 waiting, 1234 tokens generated"
+    assert lines[4].startswith("memory guard killed the ranks on worker at ")
+    assert "last action: restart at " in lines[5] and "(worker lost)" in lines[5]
+    assert lines[6] == "healthy"
+
+
+def test_an_exited_rank_and_an_unhealthy_api_in_the_table():
+    nodes = [rank("head", 0), rank("worker", 1, state="exited", exit_code=1, finished_at="T")]
+    lines = health_table(verdict(nodes, api={**API, "health": 503})).splitlines()
+    assert lines[1].split()[-3:] == ["not", "healthy", "(503)"]
+    assert "exited (1) at T" in lines[2]
+    assert lines[-1].startswith("DEGRADED: worker (rank 1): container dsv41-r1 exited with code 1 at T; API:")
+
+
+def test_the_filter_adds_the_table_and_refuses_what_is_not_a_node_list():
+    report = deployment_health_filter(HEALTHY_NODES, API, SUPERVISOR, True, 5)
+    assert report["table"].startswith("node")
+    with pytest.raises(Exception, match="list of nodes"):
+        deployment_health_filter("head", API)

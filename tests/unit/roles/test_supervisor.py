@@ -1,0 +1,1519 @@
+"""Unit tests for roles/supervisor/files/dsv41_supervisor.py, the rank group's supervisor on the head.
+
+The program is a standalone script installed by the supervisor role, not a package module, so it
+is imported from its path. The nodes' rankctl is replaced by a fake cluster (a callable that
+answers status/start/stop per node and records the calls), the API by a fake HTTP callable, and
+time by a fake clock that only moves when the loop sleeps, so every rule runs in milliseconds
+without docker, ssh, root or a network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import http.server
+import importlib.util
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PROGRAM = REPO_ROOT / "roles" / "supervisor" / "files" / "dsv41_supervisor.py"
+FIXTURES = REPO_ROOT / "tests" / "unit" / "fixtures" / "supervisor"
+
+
+def _load_program():
+    spec = importlib.util.spec_from_file_location("dsv41_supervisor", PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+sup = _load_program()
+GIB = 1024**3
+T0 = 1_764_579_600.0  # 2025-12-01T09:00:00Z
+KEY = "sk-dsv41-0123456789abcdef-secret"
+MODEL = "deepseek-v4.1-flash"
+HEAD_ARGV = ["/usr/bin/python3", "/usr/local/lib/sparkserve-dsv41/dsv41_rankctl.py", "--config"]
+NAMES = ["spark-a", "spark-b", "spark-c"]
+IPS = {"spark-b": "198.18.0.11", "spark-c": "198.18.0.12"}
+
+
+def rankctl_argv(name: str) -> list[str]:
+    """The head runs rankctl locally; a worker through ssh, whose forced command picks the program."""
+    if name == "spark-a":
+        return [*HEAD_ARGV, "/etc/sparkserve-dsv41/rankctl.json"]
+    return [
+        "ssh",
+        "-i",
+        "/root/.ssh/dsv41_rankctl",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        f"spark@{IPS[name]}",
+    ]
+
+
+def config_doc(state_dir: Path, key_file: Path, nodes: int = 2, **overrides: Any) -> dict[str, Any]:
+    return {
+        "state_dir": str(state_dir),
+        "api_key_file": str(key_file),
+        "model": MODEL,
+        "log_max_bytes": 1_000_000,
+        "log_backups": 2,
+        "nodes": [{"name": n, "rank": r, "rankctl": rankctl_argv(n)} for r, n in enumerate(NAMES[:nodes])],
+        **overrides,
+    }
+
+
+def iso(when: float) -> str:
+    return datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+
+
+# --------------------------------------------------------------------------------------------
+# Fakes
+# --------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Wall time that only moves when the loop sleeps (or a test says so)."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeApi:
+    """The head's API: /health, /metrics (two engines' label sets) and the chat endpoint."""
+
+    def __init__(self) -> None:
+        self.health: int | None = 200
+        self.health_after_start: int | None = 200
+        self.metrics_up = True
+        self.running = 0
+        self.waiting = 0
+        self.tokens = 1000
+        self.probe_status: int | None = 200
+        self.probe_body = '{"choices": [{"message": {"content": "OK"}}]}'
+        self.probes: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str, float]] = []
+
+    def metrics_text(self) -> str:
+        # Split across two label sets so only a parser that sums them gets the totals right.
+        half_running, half_tokens = self.running // 2, self.tokens // 2
+        labels = [
+            'engine="0",model_name="deepseek-v4.1-flash"',
+            'engine="1",model_name="deepseek-v4.1-flash"',
+        ]
+        lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches."]
+        lines += ["# TYPE vllm:num_requests_running gauge"]
+        lines += [f"vllm:num_requests_running{{{labels[0]}}} {float(half_running)}"]
+        lines += [f"vllm:num_requests_running{{{labels[1]}}} {float(self.running - half_running)}"]
+        lines += [f"vllm:num_requests_waiting{{{labels[0]}}} {float(self.waiting)}"]
+        lines += [f"vllm:generation_tokens_total{{{labels[0]}}} {float(half_tokens)}"]
+        lines += [f"vllm:generation_tokens_total{{{labels[1]}}} {float(self.tokens - half_tokens)}"]
+        return "\n".join(lines) + "\n"
+
+    def __call__(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, timeout: float
+    ) -> Any:
+        path = url.split("8000", 1)[1]
+        self.requests.append((method, path, timeout))
+        if self.health is None:
+            return sup.HttpResult(None, "", "[Errno 111] Connection refused")
+        if path == "/health":
+            return sup.HttpResult(self.health, "", "" if self.health == 200 else f"HTTP {self.health}")
+        if path == "/metrics":
+            return (
+                sup.HttpResult(200, self.metrics_text(), "")
+                if self.metrics_up
+                else sup.HttpResult(500, "", "")
+            )
+        assert (method, path) == ("POST", "/v1/chat/completions")
+        self.probes.append({"headers": dict(headers), "body": json.loads(body or b""), "timeout": timeout})
+        if self.probe_status is None:
+            return sup.HttpResult(None, "", "timed out")
+        if self.probe_status == 200:
+            self.tokens += 1
+        return sup.HttpResult(self.probe_status, self.probe_body, "")
+
+
+class FakeNode:
+    def __init__(self, name: str, rank: int, clock: FakeClock) -> None:
+        self.name, self.rank, self.clock = name, rank, clock
+        self.state = "running"
+        self.exit_code: int | None = None
+        self.started_at: str | None = iso(T0 - 3600 + rank)
+        self.finished_at: str | None = None
+        self.restart_count = 0
+        self.oom_killed = False
+        self.boot_id = f"boot-{name}-1"
+        self.mem_available: int | None = 100 * GIB
+        self.memguard_last_kill: float | None = None
+        self.unreachable = False
+        self.fail: set[str] = set()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node": self.name,
+            "container": f"dsv41-r{self.rank}",
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "restart_count": self.restart_count,
+            "oom_killed": self.oom_killed,
+            "boot_id": self.boot_id,
+            "mem_available_bytes": self.mem_available,
+            "memguard_last_kill": self.memguard_last_kill,
+            "time": self.clock.now,
+        }
+
+    def die(self, code: int = 137, *, oom: bool = False) -> None:
+        self.state, self.exit_code, self.oom_killed = "exited", code, oom
+        self.finished_at = iso(self.clock.now)
+
+    def restart_alone(self) -> None:
+        """What docker's restart policy does: same container, new StartedAt."""
+        self.restart_count += 1
+        self.started_at = iso(self.clock.now + 0.5)
+
+
+class FakeCluster:
+    """Every node's rankctl: picks the node from the argv, answers the appended verb, records it."""
+
+    def __init__(self, clock: FakeClock, api: FakeApi, nodes: int = 2) -> None:
+        self.clock, self.api = clock, api
+        self.nodes = {n: FakeNode(n, r, clock) for r, n in enumerate(NAMES[:nodes])}
+        self.calls: list[tuple[str, str, float, float]] = []  # node, verb, timeout, time
+        self.starts = 0
+
+    def node_of(self, argv: Sequence[str]) -> FakeNode:
+        if list(argv[: len(HEAD_ARGV)]) == HEAD_ARGV:
+            return self.nodes["spark-a"]
+        return next(n for n in self.nodes.values() if argv[-2] == f"spark@{IPS.get(n.name)}")
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> Any:
+        node, verb = self.node_of(argv), argv[-1]
+        self.calls.append((node.name, verb, timeout, self.clock.now))
+        if node.unreachable:
+            return sup.CommandResult(
+                255, "", f"ssh: connect to host {IPS.get(node.name)} port 22: No route to host\n"
+            )
+        if verb == "status":
+            return sup.CommandResult(0, json.dumps(node.status()) + "\n", "")
+        if verb in node.fail:
+            doc = {
+                "verb": verb,
+                "ok": False,
+                "detail": f"docker {verb} dsv41-r{node.rank} failed (rc=1): boom",
+            }
+            return sup.CommandResult(1, json.dumps(doc) + "\n", "")
+        if verb == "start":
+            self.starts += 1
+            node.state, node.exit_code, node.finished_at = "running", None, None
+            node.started_at = iso(self.clock.now + self.starts / 1000)
+            if node.rank == 0:
+                self.api.health = self.api.health_after_start
+        else:
+            assert verb == "stop"
+            if node.state == "running":
+                node.state, node.exit_code, node.finished_at = "exited", 0, iso(self.clock.now)
+            if node.rank == 0:
+                self.api.health = None
+        return sup.CommandResult(0, json.dumps({"verb": verb, "ok": True, "detail": "done"}) + "\n", "")
+
+    def actions(self) -> list[tuple[str, str]]:
+        return [(node, verb) for node, verb, _, _ in self.calls if verb != "status"]
+
+    def head_stop_times(self) -> list[float]:
+        return [when for node, verb, _, when in self.calls if (node, verb) == ("spark-a", "stop")]
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, nodes: int = 2, **overrides: Any) -> None:
+        self.clock = FakeClock()
+        self.state_dir = tmp_path / "state"
+        self.state_dir.mkdir(exist_ok=True)
+        self.key_file = tmp_path / "api_key"
+        self.key_file.write_text(KEY + "\n")
+        self.settings = sup.load_settings(config_doc(self.state_dir, self.key_file, nodes, **overrides))
+        self.api = FakeApi()
+        self.cluster = FakeCluster(self.clock, self.api, nodes)
+        self.log_path = self.state_dir / "supervisor.log"
+        log = sup.RotatingLog(
+            self.log_path, self.settings.log_max_bytes, self.settings.log_backups, self.clock.time, echo=False
+        )
+        self.sup = sup.Supervisor(self.settings, log, run=self.cluster, http=self.api, clock=self.clock.time)
+
+    @property
+    def head(self) -> FakeNode:
+        return self.cluster.nodes["spark-a"]
+
+    @property
+    def worker(self) -> FakeNode:
+        return self.cluster.nodes["spark-b"]
+
+    def tick(self, count: int = 1) -> None:
+        sup.run_loop(
+            self.sup,
+            interval=self.settings.interval,
+            sleep=self.clock.sleep,
+            clock=self.clock.time,
+            iterations=count,
+        )
+
+    def until(self, predicate, limit: int = 1000) -> int:
+        """Tick until predicate() holds; returns the ticks it took."""
+        for ticks in range(1, limit + 1):
+            self.tick()
+            if predicate():
+                return ticks
+        raise AssertionError("condition never met")
+
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.state_dir / "supervisor-state.json").read_text())
+
+    def log_lines(self, event: str | None = None) -> list[str]:
+        if not self.log_path.exists():
+            return []
+        lines = self.log_path.read_text().splitlines()
+        return [line for line in lines if event is None or line.split(" ", 2)[1] == event]
+
+    def adopt_healthy(self) -> None:
+        self.tick()
+        assert self.sup.memory.state is sup.State.HEALTHY, self.log_lines()
+        assert self.cluster.actions() == []
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Harness:
+    return Harness(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+
+def test_defaults(tmp_path: Path) -> None:
+    doc = config_doc(Path("/home/spark/.dsv41-two-sparks"), Path("/home/spark/.dsv41-two-sparks/api_key"))
+    del doc["log_max_bytes"], doc["log_backups"]
+    s = sup.load_settings(doc)
+    assert (s.interval, s.hang, s.probe_interval, s.probe_timeout, s.startup_timeout) == (5, 60, 60, 30, 1200)
+    assert (s.backoff_initial, s.backoff_max, s.max_attempts) == (10, 300, 5)
+    assert s.memory_needed == 5 * GIB
+    assert (s.api_url, s.pause_max) == ("http://127.0.0.1:8000", 120 * 60)
+    assert (s.log_max_bytes, s.log_backups) == (10 * 1024**2, 3)
+    assert [n.name for n in s.nodes] == ["spark-a", "spark-b"] and s.head.rank == 0
+    assert s.lock_path == Path("/home/spark/.dsv41-two-sparks/deployment.lock")
+    assert KEY not in s.describe() and "key_file=" in s.describe()
+
+
+def test_nodes_are_ordered_by_rank(tmp_path: Path) -> None:
+    doc = config_doc(Path("/s"), Path("/k"), nodes=3)
+    doc["nodes"].reverse()
+    assert [n.rank for n in sup.load_settings(doc).nodes] == [0, 1, 2]
+
+
+def _bad(**changes: Any) -> dict[str, Any]:
+    doc = config_doc(Path("/s"), Path("/k"))
+    for key, value in changes.items():
+        if value is None:
+            del doc[key]
+        else:
+            doc[key] = value
+    return doc
+
+
+def _node(name: str, rank: Any, argv: Any = ("x",)) -> dict[str, Any]:
+    return {"name": name, "rank": rank, "rankctl": list(argv) if isinstance(argv, tuple) else argv}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        pytest.param([], "must be a JSON object", id="not-object"),
+        pytest.param(_bad(model=None), "missing required key 'model'", id="no-model"),
+        pytest.param(_bad(nodes=None), "missing required key 'nodes'", id="no-nodes"),
+        pytest.param(_bad(intervall=5), "unknown key 'intervall'", id="typo"),
+        pytest.param(_bad(state_dir="~/.dsv41-two-sparks"), "state_dir must be an absolute path", id="tilde"),
+        pytest.param(
+            _bad(api_key_file="api_key"), "api_key_file must be an absolute path", id="relative-key"
+        ),
+        pytest.param(_bad(model=""), "model must be", id="empty-model"),
+        pytest.param(_bad(api_url="127.0.0.1:8000"), "api_url must be", id="no-scheme"),
+        pytest.param(_bad(interval_seconds=0), "interval_seconds must be a finite number > 0", id="interval"),
+        pytest.param(_bad(hang_seconds=-1), "hang_seconds must be", id="hang"),
+        pytest.param(_bad(probe_timeout_seconds="30"), "probe_timeout_seconds must be", id="string"),
+        pytest.param(_bad(startup_timeout_seconds=True), "startup_timeout_seconds must be", id="bool"),
+        pytest.param(
+            _bad(memory_margin_gib=-1), "memory_margin_gib must be a finite number >= 0", id="margin"
+        ),
+        pytest.param(_bad(max_attempts=0), "max_attempts must be an integer >= 1", id="attempts"),
+        pytest.param(_bad(max_attempts=2.5), "max_attempts must be an integer", id="attempts-float"),
+        pytest.param(_bad(log_backups=-1), "log_backups must be an integer >= 0", id="backups"),
+        pytest.param(
+            _bad(backoff_initial_seconds=60, backoff_max_seconds=30),
+            "backoff_max_seconds must be >=",
+            id="backoff",
+        ),
+        pytest.param(_bad(nodes=[]), "nodes must be a non-empty list", id="no-nodes-listed"),
+        pytest.param(_bad(nodes=[_node("a", 1)]), "node ranks must be 0..0", id="no-head"),
+        pytest.param(_bad(nodes=[_node("a", 0), _node("b", 0)]), "each once", id="duplicate-rank"),
+        pytest.param(_bad(nodes=[_node("a", 0), _node("b", 2)]), "node ranks must be 0..1", id="gap"),
+        pytest.param(_bad(nodes=[_node("a", 0), _node("a", 1)]), "names must be unique", id="dup-name"),
+        pytest.param(_bad(nodes=[_node("a", 0, "ssh a")]), "rankctl must be a non-empty argv list", id="str"),
+        pytest.param(
+            _bad(nodes=[_node("a", 0, [])]), "rankctl must be a non-empty argv list", id="empty-argv"
+        ),
+        pytest.param(_bad(nodes=[_node("a", "0")]), "rank must be an integer", id="rank-str"),
+        pytest.param(
+            _bad(nodes=[{"name": "a", "rank": 0}]), "exactly name, rank and rankctl", id="no-rankctl"
+        ),
+    ],
+)
+def test_bad_config_is_refused_clearly(doc: Any, message: str) -> None:
+    with pytest.raises(sup.ConfigError, match=message):
+        sup.load_settings(doc)
+
+
+def test_every_problem_is_listed_at_once() -> None:
+    with pytest.raises(sup.ConfigError) as raised:
+        sup.load_settings(_bad(interval_seconds=0, max_attempts=0, state_dir="rel"))
+    assert all(k in str(raised.value) for k in ("interval_seconds", "max_attempts", "state_dir"))
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+
+
+def test_parse_metrics_of_real_vllm_text_sums_label_sets() -> None:
+    text = (FIXTURES / "metrics_vllm_two_engines.txt").read_text()
+    # _created series, _by_reason gauges and histograms are other metrics and must not count.
+    assert sup.parse_metrics(text) == sup.Metrics(running=3.0, waiting=1.0, generation_tokens=200000.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("", sup.Metrics(None, None, None), id="empty"),
+        pytest.param(
+            "# HELP x\nprocess_cpu_seconds_total 3.2\n", sup.Metrics(None, None, None), id="none-of-ours"
+        ),
+        pytest.param(
+            "vllm:num_requests_running 2\nvllm:generation_tokens_total 1.5e+06 1764579600000\n",
+            sup.Metrics(2.0, None, 1_500_000.0),
+            id="no-labels-and-timestamp",
+        ),
+        pytest.param(
+            'vllm:num_requests_running{model_name="a b } c",engine="0"} 1.0\n'
+            'vllm:num_requests_running{model_name="say \\"hi\\" {x}",engine="1"} 2.0\n',
+            sup.Metrics(3.0, None, None),
+            id="spaces-braces-escaped-quotes-in-labels",
+        ),
+        pytest.param(
+            'vllm:num_requests_running{engine="0"} 1\nvllm:num_requests_running{engine="1 2\n',
+            sup.Metrics(1.0, None, None),
+            id="truncated-line-ignored",
+        ),
+        pytest.param(
+            'vllm:num_requests_waiting_by_reason{reason="capacity"} 9\nvllm:num_requests_waiting{} 0\n',
+            sup.Metrics(None, 0.0, None),
+            id="similar-names-not-summed",
+        ),
+        pytest.param("vllm:num_requests_running{} NaN\n", None, id="nan"),
+    ],
+)
+def test_parse_metrics_edge_cases(text: str, expected: Any) -> None:
+    got = sup.parse_metrics(text)
+    if expected is None:
+        assert got.running != got.running  # NaN passes through; `running > 0` is then False
+    else:
+        assert got == expected
+
+
+NODE_B = sup.NodeConfig("spark-b", 1, tuple(rankctl_argv("spark-b")))
+
+
+def test_parse_rank_status_of_a_rankctl_document() -> None:
+    doc = {
+        "node": "spark-b",
+        "container": "dsv41-r1",
+        "state": "exited",
+        "exit_code": 137,
+        "started_at": "2026-12-01T08:03:17.482613054Z",
+        "finished_at": "2026-12-01T09:14:02.530981177Z",
+        "restart_count": 0,
+        "oom_killed": True,
+        "boot_id": "b1",
+        "mem_available_bytes": 3 * GIB,
+        "memguard_last_kill": 1764580442.5,
+        "time": T0,
+    }
+    status = sup.parse_rank_status(NODE_B, sup.CommandResult(0, json.dumps(doc) + "\n", ""))
+    assert status == sup.RankStatus(
+        "spark-b",
+        1,
+        "exited",
+        137,
+        "2026-12-01T08:03:17.482613054Z",
+        "2026-12-01T09:14:02.530981177Z",
+        0,
+        True,
+        "b1",
+        3 * GIB,
+        1764580442.5,
+        "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("result", "state", "detail"),
+    [
+        pytest.param(
+            sup.CommandResult(255, "", "ssh: connect to host 198.18.0.11 port 22: No route to host\n"),
+            "unreachable",
+            "rc=255: ssh: connect to host 198.18.0.11 port 22: No route to host",
+            id="ssh-fails",
+        ),
+        pytest.param(
+            sup.CommandResult(124, "", "timed out after 20s"), "unreachable", "timed out", id="timeout"
+        ),
+        pytest.param(sup.CommandResult(0, "Welcome to DGX OS\n", ""), "unreachable", "Welcome", id="garbage"),
+        pytest.param(
+            sup.CommandResult(2, "", "dsv41_rankctl: refused 'status; x'\n"),
+            "unreachable",
+            "refused",
+            id="refused",
+        ),
+        pytest.param(
+            sup.CommandResult(
+                1, '{"state": "unknown", "error": "Cannot connect to the Docker daemon"}\n', ""
+            ),
+            "unknown",
+            "Cannot connect",
+            id="docker-down-document",
+        ),
+    ],
+)
+def test_parse_rank_status_failures(result: Any, state: str, detail: str) -> None:
+    status = sup.parse_rank_status(NODE_B, result)
+    assert (status.node, status.rank, status.state) == ("spark-b", 1, state)
+    assert detail in status.detail
+    assert not status.running
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        pytest.param(
+            sup.CommandResult(0, '{"verb": "stop", "ok": true, "detail": "d"}\n', ""), (True, "d"), id="ok"
+        ),
+        pytest.param(
+            sup.CommandResult(1, '{"verb": "start", "ok": false, "detail": "no"}\n', ""),
+            (False, "no"),
+            id="not-ok",
+        ),
+        pytest.param(
+            sup.CommandResult(124, "", "timed out after 120s"),
+            (False, "rc=124: timed out after 120s"),
+            id="t",
+        ),
+        pytest.param(sup.CommandResult(0, "", ""), (False, "rc=0: no output"), id="silent"),
+    ],
+)
+def test_parse_action_result(result: Any, expected: tuple[bool, str]) -> None:
+    assert sup.parse_action_result(result) == expected
+
+
+@pytest.mark.parametrize(
+    ("reply", "outcome", "detail"),
+    [
+        pytest.param(sup.HttpResult(200, "{}", ""), sup.Probe.OK, "answered", id="200"),
+        pytest.param(
+            sup.HttpResult(401, "", "HTTP 401"),
+            sup.Probe.INCONCLUSIVE,
+            "HTTP 401: the key file does not match the server's key",
+            id="401",
+        ),
+        pytest.param(sup.HttpResult(None, "", "timed out"), sup.Probe.FAILED, "timed out", id="timeout"),
+        pytest.param(
+            sup.HttpResult(500, '{"error": "EngineCore died"}', "HTTP 500"),
+            sup.Probe.FAILED,
+            'HTTP 500: {"error": "EngineCore died"}',
+            id="500",
+        ),
+        pytest.param(sup.HttpResult(404, "", "HTTP 404"), sup.Probe.FAILED, "HTTP 404", id="404"),
+    ],
+)
+def test_classify_probe(reply: Any, outcome: Any, detail: str) -> None:
+    assert sup.classify_probe(reply) == (outcome, detail)
+
+
+@pytest.mark.parametrize(
+    ("age", "expected"),
+    [
+        pytest.param(None, sup.LockStatus.NONE, id="no-lock"),
+        pytest.param(0, sup.LockStatus.HELD, id="fresh"),
+        pytest.param(119 * 60, sup.LockStatus.HELD, id="young"),
+        pytest.param(120 * 60, sup.LockStatus.STALE, id="at-max"),
+        pytest.param(-30, sup.LockStatus.HELD, id="clock-skew"),
+    ],
+)
+def test_lock_status(age: float | None, expected: Any) -> None:
+    assert sup.lock_status(None if age is None else T0 - age, T0, 120 * 60) is expected
+
+
+# --------------------------------------------------------------------------------------------
+# The pure decision
+# --------------------------------------------------------------------------------------------
+
+SETTINGS = sup.load_settings(
+    config_doc(Path("/state"), Path("/state/api_key"), nodes=2, startup_timeout_seconds=600)
+)
+NOW = T0 + 10_000
+STARTED = {"spark-a": "2026-12-01T08:00:00.1Z", "spark-b": "2026-12-01T08:00:00.2Z"}
+BOOTS = {"spark-a": "boot-a", "spark-b": "boot-b"}
+BASELINE = {n: sup.Baseline(STARTED[n], BOOTS[n]) for n in STARTED}
+
+
+def rank(name: str = "spark-b", state: str = "running", **fields: Any) -> Any:
+    base = {"started_at": STARTED[name], "boot_id": BOOTS[name], "mem_available": 100 * GIB}
+    return sup.RankStatus(name, NAMES.index(name), state, **{**base, **fields})
+
+
+def obs(*ranks: Any, health: int | None = 200, metrics: Any = None, probe: Any = None, **kw: Any) -> Any:
+    ranks = ranks or (rank("spark-a"), rank("spark-b"))
+    metrics = metrics or sup.Metrics(0.0, 0.0, 5000.0)
+    return sup.Observation(tuple(ranks), health, "" if health else "Connection refused", metrics, probe, **kw)
+
+
+def mem(state: Any = sup.State.HEALTHY, **fields: Any) -> Any:
+    base = {
+        "reason": "group healthy",
+        "since": T0,
+        "needs_adoption": False,
+        "group_started": T0,
+        "baseline": BASELINE,
+        "last_progress": NOW,
+        "last_tokens": 5000.0,
+    }
+    return sup.Memory(state=state, **{**base, **fields})
+
+
+EXITED = rank("spark-b", "exited", exit_code=137, oom_killed=True, finished_at="2026-12-01T09:14:02.5Z")
+UNREACHABLE = sup.RankStatus(
+    "spark-b", 1, "unreachable", detail="rc=255: ssh: connect to host: No route to host"
+)
+PROBE_TIMEOUT = sup.ProbeResult(NOW, sup.Probe.FAILED, "timed out")
+PROBE_401 = sup.ProbeResult(
+    NOW, sup.Probe.INCONCLUSIVE, "HTTP 401: the key file does not match the server's key"
+)
+PROBE_OK = sup.ProbeResult(NOW, sup.Probe.OK, "answered")
+
+
+@pytest.mark.parametrize(
+    ("observation", "memory", "action", "state", "reason"),
+    [
+        pytest.param(obs(), mem(), "none", "healthy", "group healthy", id="healthy"),
+        pytest.param(
+            obs(rank("spark-a"), EXITED),
+            mem(),
+            "restart",
+            "starting",
+            "lost rank 1 on spark-b: exited, exit code 137, OOM killed, finished 2026-12-01T09:14:02.5Z",
+            id="lost-exited-137-oom",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), rank("spark-b", "missing", started_at=None)),
+            mem(),
+            "restart",
+            "starting",
+            "lost rank 1 on spark-b: missing",
+            id="lost-missing",
+        ),
+        pytest.param(
+            obs(
+                rank("spark-a"),
+                rank("spark-b", "restarting", exit_code=1, finished_at="2026-12-01T09:20:58Z"),
+            ),
+            mem(),
+            "restart",
+            "starting",
+            "lost rank 1 on spark-b: restarting, exit code 1, finished 2026-12-01T09:20:58Z",
+            id="lost-restarting",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), UNREACHABLE),
+            mem(),
+            "restart",
+            "starting",
+            "lost rank 1 on spark-b: unreachable, rc=255: ssh: connect to host: No route to host",
+            id="lost-unreachable",
+        ),
+        pytest.param(
+            obs(rank("spark-a", "exited", exit_code=1, finished_at="2026-12-01T09:30:00Z"), rank("spark-b")),
+            mem(),
+            "restart",
+            "starting",
+            "lost rank 0 on spark-a: exited, exit code 1, finished 2026-12-01T09:30:00Z",
+            id="lost-head",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), rank("spark-b", started_at="2026-12-01T09:40:00.3Z", restart_count=1)),
+            mem(),
+            "restart",
+            "starting",
+            "rank 1 on spark-b restarted alone: started 2026-12-01T09:40:00.3Z, the group started it at"
+            " 2026-12-01T08:00:00.2Z (docker restart count 1)",
+            id="restarted-alone",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), rank("spark-b", boot_id="boot-b2", started_at="2026-12-01T09:41:00Z")),
+            mem(),
+            "restart",
+            "starting",
+            "node spark-b rebooted: boot_id boot-b -> boot-b2",
+            id="rebooted",
+        ),
+        pytest.param(
+            obs(metrics=sup.Metrics(2.0, 0.0, 5000.0)),
+            mem(last_progress=NOW - 60),
+            "restart",
+            "starting",
+            "hang: 2 requests running, no new tokens for 60 s",
+            id="hang-at-hang-seconds",
+        ),
+        pytest.param(
+            obs(metrics=sup.Metrics(2.0, 0.0, 5000.0)),
+            mem(last_progress=NOW - 59),
+            "none",
+            "healthy",
+            "group healthy",
+            id="no-hang-just-before",
+        ),
+        pytest.param(
+            obs(metrics=sup.Metrics(0.0, 3.0, 5000.0), probe=PROBE_TIMEOUT),
+            mem(),
+            "restart",
+            "starting",
+            "idle probe failed: timed out",
+            id="probe-timed-out",
+        ),
+        pytest.param(
+            obs(probe=PROBE_401), mem(), "none", "healthy", "group healthy", id="probe-401-is-no-failure"
+        ),
+        pytest.param(
+            obs(health=503),
+            mem(health_bad_since=NOW - 60),
+            "restart",
+            "starting",
+            "API /health 503 for 60 s",
+            id="health-bad-for-hang-seconds",
+        ),
+        pytest.param(
+            obs(health=503), mem(health_bad_since=NOW - 5), "none", "healthy", "group", id="health-blip"
+        ),
+        pytest.param(
+            obs(rank("spark-a"), rank("spark-b", memguard_last_kill=T0 + 1)),
+            mem(),
+            "stop",
+            "memory_wait",
+            "memory guard on spark-b killed at",
+            id="memguard-kill-after-start",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), rank("spark-b", memguard_last_kill=T0 - 1)),
+            mem(),
+            "none",
+            "healthy",
+            "group healthy",
+            id="memguard-kill-before-start",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED),
+            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            "none",
+            "gave_up",
+            "gave up after 5",
+            id="gave-up-acts-on-nothing",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED, lock=sup.LockStatus.HELD, lock_mtime=NOW - 60),
+            mem(),
+            "none",
+            "paused",
+            "paused: /state/deployment.lock held (since",
+            id="paused",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED, lock=sup.LockStatus.STALE, lock_mtime=NOW - 3 * 3600),
+            mem(),
+            "restart",
+            "starting",
+            "lost rank 1",
+            id="stale-lock-ignored",
+        ),
+    ],
+)
+def test_decide(observation: Any, memory: Any, action: str, state: str, reason: str) -> None:
+    decision = sup.decide(observation, memory, NOW, SETTINGS)
+    assert (decision.action.value, decision.state.value) == (action, state)
+    assert decision.reason.startswith(reason), decision.reason
+
+
+@pytest.mark.parametrize(
+    ("observation", "action", "state", "reason"),
+    [
+        pytest.param(
+            obs(), "adopt", "healthy", "adopted the running group (rank 0 on spark-a started", id="serving"
+        ),
+        pytest.param(obs(health=None), "adopt", "starting", "adopted the running group", id="api-not-ready"),
+        pytest.param(
+            obs(rank("spark-a", "exited"), rank("spark-b", "missing")),
+            "restart",
+            "starting",
+            "no rank running (rank 0 on spark-a exited, rank 1 on spark-b missing): starting the group",
+            id="nothing-running",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED), "restart", "starting", "lost rank 1 on spark-b", id="half-running"
+        ),
+    ],
+)
+def test_first_look_adopts_or_starts(observation: Any, action: str, state: str, reason: str) -> None:
+    decision = sup.decide(observation, sup.Memory(since=NOW), NOW, SETTINGS)
+    assert (decision.action.value, decision.state.value, decision.attempts) == (action, state, 0)
+    assert decision.reason.startswith(reason), decision.reason
+
+
+@pytest.mark.parametrize(
+    ("observation", "memory", "expected"),
+    [
+        pytest.param(
+            obs(probe=PROBE_OK),
+            mem(sup.State.STARTING, attempts=2, last_probe=PROBE_OK),
+            ("none", "healthy", 0, "group healthy: every rank running, /health 200, probe answered"),
+            id="serving-resets-attempts",
+        ),
+        pytest.param(
+            obs(probe=PROBE_401),
+            mem(sup.State.STARTING, last_probe=PROBE_401),
+            (
+                "none",
+                "healthy",
+                0,
+                "group healthy: every rank running, /health 200, probe answered (probe incon",
+            ),
+            id="401-health-alone-counts",
+        ),
+        pytest.param(
+            obs(health=503),
+            mem(sup.State.STARTING, reason="lost rank 1", group_started=NOW - 599),
+            ("none", "starting", 0, "lost rank 1"),
+            id="still-starting",
+        ),
+        pytest.param(
+            obs(probe=PROBE_TIMEOUT),
+            mem(sup.State.STARTING, reason="lost rank 1", group_started=NOW - 30, last_probe=PROBE_TIMEOUT),
+            ("none", "starting", 0, "lost rank 1"),
+            id="failed-probe-while-starting-waits",
+        ),
+        pytest.param(
+            obs(health=503),
+            mem(sup.State.STARTING, group_started=NOW - 600),
+            ("none", "backoff", 1, "attempt 1 of 5 failed: startup: not healthy within 600 s (/health 503)"),
+            id="startup-timeout",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED, health=None),
+            mem(sup.State.STARTING, group_started=NOW - 60, attempts=1),
+            ("none", "backoff", 2, "attempt 2 of 5 failed: while starting: lost rank 1 on spark-b: exited"),
+            id="rank-dies-while-starting",
+        ),
+        pytest.param(
+            obs(health=None),
+            mem(sup.State.STARTING, group_started=NOW - 600, attempts=4),
+            ("none", "gave_up", 5, "gave up after 5 failed attempts in a row; last: startup: not healthy"),
+            id="fifth-failure-gives-up",
+        ),
+        pytest.param(
+            obs(probe=PROBE_OK),
+            mem(
+                sup.State.STARTING,
+                group_started=NOW - 30,
+                last_probe=sup.ProbeResult(NOW - 31, sup.Probe.OK, "answered"),
+            ),
+            ("none", "starting", 0, "group healthy"),
+            id="a-probe-from-before-the-start-does-not-count",
+        ),
+    ],
+)
+def test_decide_while_starting(observation: Any, memory: Any, expected: tuple) -> None:
+    decision = sup.decide(observation, memory, NOW, SETTINGS)
+    action, state, attempts, reason = expected
+    assert (decision.action.value, decision.state.value, decision.attempts) == (action, state, attempts)
+    assert decision.reason.startswith(reason), decision.reason
+
+
+@pytest.mark.parametrize(
+    ("memory", "action"),
+    [
+        pytest.param(mem(sup.State.BACKOFF, backoff_until=NOW + 1, attempts=1), "none", id="waiting"),
+        pytest.param(mem(sup.State.BACKOFF, backoff_until=NOW, attempts=1), "restart", id="over"),
+    ],
+)
+def test_decide_backoff(memory: Any, action: str) -> None:
+    decision = sup.decide(obs(rank("spark-a"), EXITED), memory, NOW, SETTINGS)
+    assert decision.action.value == action and decision.attempts == 1
+
+
+FLOOR_PLUS_MARGIN = 5 * GIB
+
+
+@pytest.mark.parametrize(
+    ("head_mem", "worker_mem", "action"),
+    [
+        pytest.param(100 * GIB, 3 * GIB, "none", id="worker-short"),
+        pytest.param(100 * GIB, FLOOR_PLUS_MARGIN - 1, "none", id="one-byte-short"),
+        pytest.param(2 * GIB, 100 * GIB, "none", id="head-short"),
+        pytest.param(100 * GIB, None, "none", id="worker-did-not-say"),
+        pytest.param(FLOOR_PLUS_MARGIN, FLOOR_PLUS_MARGIN, "restart", id="exactly-floor-plus-margin"),
+        pytest.param(100 * GIB, 90 * GIB, "restart", id="plenty"),
+    ],
+)
+def test_memory_wait_holds_until_every_node_has_floor_plus_margin(head_mem, worker_mem, action: str) -> None:
+    observation = obs(
+        rank("spark-a", "exited", mem_available=head_mem),
+        rank("spark-b", "exited", mem_available=worker_mem, memguard_last_kill=T0 + 5),
+    )
+    decision = sup.decide(
+        observation, mem(sup.State.MEMORY_WAIT, reason="waiting", attempts=1), NOW, SETTINGS
+    )
+    assert decision.action.value == action
+    assert decision.state.value == ("memory_wait" if action == "none" else "starting")
+
+
+@pytest.mark.parametrize(
+    ("attempts", "delay"), [(1, 10), (2, 20), (3, 40), (4, 80), (5, 160), (6, 300), (12, 300)]
+)
+def test_backoff_doubles_up_to_the_maximum(attempts: int, delay: float) -> None:
+    assert sup.backoff_delay(attempts, SETTINGS) == delay
+
+
+def test_memguard_kill_at_the_last_attempt_stops_and_gives_up() -> None:
+    observation = obs(rank("spark-a"), rank("spark-b", memguard_last_kill=T0 + 1))
+    decision = sup.decide(observation, mem(attempts=4), NOW, SETTINGS)
+    assert (decision.action, decision.state, decision.attempts) == (sup.Action.STOP, sup.State.GAVE_UP, 5)
+
+
+def test_restart_and_stop_plans_order() -> None:
+    settings = sup.load_settings(config_doc(Path("/s"), Path("/k"), nodes=3))
+    assert [(s.verb, s.node.name) for s in sup.restart_plan(settings)] == [
+        ("stop", "spark-a"),
+        ("stop", "spark-b"),
+        ("stop", "spark-c"),
+        ("start", "spark-b"),
+        ("start", "spark-c"),
+        ("start", "spark-a"),
+    ]
+    assert [(s.verb, s.node.name) for s in sup.stop_plan(settings)] == [
+        ("stop", "spark-a"),
+        ("stop", "spark-b"),
+        ("stop", "spark-c"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("state", "health", "running", "last_probe_age", "expected"),
+    [
+        pytest.param(sup.State.HEALTHY, 200, 0.0, None, True, id="idle-never-probed"),
+        pytest.param(sup.State.HEALTHY, 200, 0.0, 59, False, id="idle-probed-recently"),
+        pytest.param(sup.State.HEALTHY, 200, 0.0, 60, True, id="idle-interval-passed"),
+        pytest.param(sup.State.HEALTHY, 200, 1.0, None, False, id="busy"),
+        pytest.param(sup.State.HEALTHY, 200, None, None, True, id="no-metrics"),
+        pytest.param(sup.State.HEALTHY, 503, 0.0, None, False, id="health-down"),
+        pytest.param(sup.State.STARTING, 200, 0.0, 1, True, id="starting-every-tick"),
+        pytest.param(sup.State.STARTING, None, 0.0, None, False, id="starting-no-api"),
+        pytest.param(sup.State.BACKOFF, 200, 0.0, None, False, id="backoff"),
+        pytest.param(sup.State.MEMORY_WAIT, 200, 0.0, None, False, id="memory-wait"),
+    ],
+)
+def test_should_probe(state, health, running, last_probe_age, expected: bool) -> None:
+    last = None if last_probe_age is None else sup.ProbeResult(NOW - last_probe_age, sup.Probe.OK, "answered")
+    memory = mem(state, last_probe=last)
+    assert sup.should_probe(memory, health, sup.Metrics(running, 0.0, 1.0), NOW, SETTINGS) is expected
+
+
+def test_track_progress() -> None:
+    memory = mem(last_tokens=100.0, last_progress=NOW - 50)
+    grew = sup.track(memory, obs(metrics=sup.Metrics(1.0, 0.0, 101.0)), NOW)
+    assert (grew.last_tokens, grew.last_progress) == (101.0, NOW)
+    stuck = sup.track(memory, obs(metrics=sup.Metrics(1.0, 0.0, 100.0)), NOW)
+    assert stuck.last_progress == NOW - 50
+    idle = sup.track(memory, obs(metrics=sup.Metrics(0.0, 0.0, 100.0)), NOW)
+    assert idle.last_progress == NOW  # idle is not stuck
+    blind = sup.track(memory, obs(metrics=sup.Metrics()), NOW)
+    assert blind.last_progress == NOW - 50  # no metrics: nothing learnt
+    unhealthy = sup.track(memory, obs(health=503), NOW)
+    assert sup.track(unhealthy, obs(health=503), NOW + 5).health_bad_since == NOW
+    assert sup.track(unhealthy, obs(), NOW + 5).health_bad_since is None
+
+
+# --------------------------------------------------------------------------------------------
+# The loop with a fake cluster, API and clock
+# --------------------------------------------------------------------------------------------
+
+
+def test_first_tick_adopts_a_serving_group_without_restarting(h: Harness) -> None:
+    started = {n.name: n.started_at for n in h.cluster.nodes.values()}
+    h.tick(20)
+    assert h.cluster.actions() == []
+    assert {n.name: n.started_at for n in h.cluster.nodes.values()} == started
+    (decision,) = h.log_lines("decision")
+    assert "healthy action=adopt: adopted the running group (rank 0 on spark-a started" in decision
+    state = h.state()
+    assert (state["state"], state["attempts"], state["last_action"]["action"]) == ("healthy", 0, "adopt")
+    assert len(h.api.probes) == 2  # the second tick, then probe_interval (60 s) later: 12 ticks apart
+
+
+def test_first_tick_with_no_rank_running_starts_the_group_in_order(tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=3)
+    for node in h.cluster.nodes.values():
+        node.die(0)
+    h.api.health = None
+    h.tick()
+    assert h.cluster.actions() == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-c", "stop"),
+        ("spark-b", "start"),
+        ("spark-c", "start"),
+        ("spark-a", "start"),
+    ]
+    assert h.sup.memory.state is sup.State.STARTING
+    assert "no rank running" in h.log_lines("decision")[0]
+    steps = [line.split(" ", 2)[2] for line in h.log_lines("step")]
+    assert steps[0] == "1/6 stop rank 0 on spark-a: ok (done)"
+    assert steps[-1] == "6/6 start rank 0 on spark-a: ok (done)"
+    h.tick()  # /health 200 now, the probe answers
+    assert h.sup.memory.state is sup.State.HEALTHY
+    assert h.log_lines("decision")[-1].endswith("probe answered")
+
+
+def test_lost_worker_restarts_the_group_head_stop_workers_stop_workers_start_head_start(h: Harness) -> None:
+    h.adopt_healthy()
+    h.tick(3)
+    h.worker.die(137, oom=True)
+    h.tick()
+    assert h.cluster.actions() == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+    decision = h.log_lines("decision")[-1]
+    assert (
+        "starting action=restart: lost rank 1 on spark-b: exited, exit code 137, OOM killed, finished"
+        in decision
+    )
+    state = h.state()
+    assert state["last_action"]["action"] == "restart"
+    assert state["last_action"]["reason"].startswith("lost rank 1 on spark-b")
+    # The ranks as the restart left them are the new reference: no second restart follows.
+    h.tick(5)
+    assert len(h.cluster.actions()) == 4
+    assert h.sup.memory.state is sup.State.HEALTHY
+
+
+def test_status_and_actions_use_their_own_timeouts(h: Harness) -> None:
+    h.adopt_healthy()
+    h.worker.die(1)
+    h.tick()
+    timeouts = {(verb, timeout) for _, verb, timeout, _ in h.cluster.calls}
+    assert timeouts == {("status", 20), ("stop", 120), ("start", 120)}
+
+
+@pytest.mark.parametrize("how", ["restart-alone", "reboot", "unreachable", "missing"])
+def test_other_rank_losses_restart_the_group(h: Harness, how: str) -> None:
+    h.adopt_healthy()
+    if how == "restart-alone":
+        h.worker.restart_alone()
+    elif how == "reboot":
+        h.worker.boot_id = "boot-spark-b-2"
+        h.worker.restart_alone()
+    elif how == "unreachable":
+        h.worker.unreachable = True
+    else:
+        h.worker.state, h.worker.started_at = "missing", None
+    h.tick()
+    expected = {
+        "restart-alone": "rank 1 on spark-b restarted alone",
+        "reboot": "node spark-b rebooted: boot_id boot-spark-b-1 -> boot-spark-b-2",
+        "unreachable": "lost rank 1 on spark-b: unreachable, rc=255: ssh: connect to host",
+        "missing": "lost rank 1 on spark-b: missing",
+    }[how]
+    assert expected in h.log_lines("decision")[1]  # [0] is the adoption
+    assert h.cluster.actions()[0] == ("spark-a", "stop")
+
+
+def test_failed_attempts_back_off_doubling_then_give_up(h: Harness) -> None:
+    h.adopt_healthy()
+    h.worker.fail.add("start")
+    h.worker.die(1)
+    h.tick(60)
+    stops = h.cluster.head_stop_times()
+    assert len(stops) == 5  # the restart after the loss, then one per backoff
+    assert [b - a for a, b in itertools.pairwise(stops)] == [10, 20, 40, 80]
+    state = h.state()
+    assert (state["state"], state["attempts"]) == ("gave_up", 5)
+    assert state["reason"].startswith("gave up after 5 failed attempts in a row; last: group restart:")
+    assert "start rank 1 on spark-b failed: docker start dsv41-r1 failed (rc=1): boom" in state["reason"]
+    # gave_up acts on nothing, however long it waits.
+    before = len(h.cluster.actions())
+    h.tick(200)
+    assert len(h.cluster.actions()) == before
+    backoffs = [line for line in h.log_lines("decision") if " decision backoff action=none: " in line]
+    assert [line.split("next restart in ")[1] for line in backoffs] == ["10 s", "20 s", "40 s", "80 s"]
+
+
+def test_startup_timeout_counts_as_a_failed_attempt(tmp_path: Path) -> None:
+    h = Harness(tmp_path, startup_timeout_seconds=30, max_attempts=2)
+    h.adopt_healthy()
+    h.api.health_after_start = 503
+    h.head.die(1)
+    h.tick()
+    assert h.sup.memory.state is sup.State.STARTING
+    ticks = h.until(lambda: h.sup.memory.state is not sup.State.STARTING)
+    assert ticks == 6  # 30 s at 5 s a tick
+    assert h.state()["reason"] == (
+        "attempt 1 of 2 failed: startup: not healthy within 30 s (/health 503); next restart in 10 s"
+    )
+    h.until(lambda: h.sup.memory.state is sup.State.GAVE_UP)
+    assert len(h.cluster.head_stop_times()) == 2
+
+
+def test_a_healthy_group_resets_the_attempts(h: Harness) -> None:
+    h.adopt_healthy()
+    h.worker.fail.add("start")
+    h.worker.die(1)
+    h.tick()
+    assert h.sup.memory.attempts == 1
+    h.worker.fail.clear()
+    h.until(lambda: h.sup.memory.state is sup.State.HEALTHY)
+    assert h.state()["attempts"] == 0
+
+
+def test_memory_guard_kill_stops_the_group_and_waits_for_memory(h: Harness) -> None:
+    h.adopt_healthy()
+    h.clock.now += 100
+    h.worker.memguard_last_kill = h.clock.now
+    h.worker.die(137)
+    h.worker.mem_available = 3 * GIB
+    h.tick()
+    assert h.cluster.actions() == [("spark-a", "stop"), ("spark-b", "stop")]
+    assert h.sup.memory.state is sup.State.MEMORY_WAIT
+    assert "memory guard on spark-b killed at" in h.state()["reason"]
+    h.tick(10)
+    h.worker.mem_available = 5 * GIB - 1
+    h.head.mem_available = None  # a node that does not say counts as short
+    h.tick(10)
+    h.head.mem_available = 100 * GIB
+    h.tick(10)
+    assert len(h.cluster.actions()) == 2 and h.sup.memory.state is sup.State.MEMORY_WAIT
+    h.worker.mem_available = 5 * GIB
+    h.tick()
+    assert h.cluster.actions()[2:] == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+    assert "memory back: every node has >= 5.00 GiB available" in h.log_lines("decision")[-1]
+    h.tick()
+    assert h.sup.memory.state is sup.State.HEALTHY  # the old kill record predates this start
+
+
+def test_hang_is_detected_at_hang_seconds(h: Harness) -> None:
+    h.adopt_healthy()
+    h.api.running = 2
+    for _ in range(6):  # tokens flowing
+        h.api.tokens += 40
+        h.tick()
+    stuck_at = h.clock.now - h.settings.interval  # the last tick saw the last new tokens
+    h.until(lambda: h.cluster.actions() != [])
+    assert h.cluster.head_stop_times()[0] - stuck_at == 60
+    assert "hang: 2 requests running, no new tokens for 60 s" in h.log_lines("decision")[-1]
+    assert h.api.probes == []  # busy all along: the token counter is the signal, no probe
+
+
+def test_idle_probe_request_and_failure(h: Harness) -> None:
+    h.adopt_healthy()
+    h.tick()
+    (probe,) = h.api.probes
+    assert probe == {
+        "headers": {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+        "body": {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 1,
+            "temperature": 0,
+        },
+        "timeout": 30,
+    }
+    h.api.probe_status = None
+    h.until(lambda: h.cluster.actions() != [])
+    assert len(h.api.probes) == 2
+    # Adoption at T0, the first probe on the next tick, the failing one probe_interval later.
+    assert h.cluster.head_stop_times()[0] - T0 == 5 + 60
+    assert "action=restart: idle probe failed: timed out" in h.log_lines("decision")[-1]
+
+
+def test_probe_401_and_unreadable_key_do_not_restart(h: Harness) -> None:
+    h.adopt_healthy()
+    h.api.probe_status = 401
+    h.tick(30)
+    h.key_file.unlink()
+    h.tick(30)
+    assert h.cluster.actions() == []
+    assert h.state()["api"]["last_probe"]["outcome"] == "inconclusive"
+    assert "cannot read the key" in h.state()["api"]["last_probe"]["detail"]
+
+
+def test_the_key_is_read_at_each_use_and_never_logged(h: Harness) -> None:
+    h.adopt_healthy()
+    h.tick()
+    h.key_file.write_text("rotated-key\n")
+    h.api.probe_status = 500
+    h.api.probe_body = f'{{"error": "bad key {KEY}"}}'  # even a server echoing it
+    h.clock.now += 60
+    h.tick(2)
+    assert h.api.probes[1]["headers"]["Authorization"] == "Bearer rotated-key"
+    everything = h.log_path.read_text() + (h.state_dir / "supervisor-state.json").read_text()
+    assert "rotated-key" not in everything and "idle probe failed: HTTP 500" in everything
+
+
+def test_metrics_down_probes_instead(h: Harness) -> None:
+    h.adopt_healthy()
+    h.api.metrics_up = False
+    h.api.running = 2
+    h.tick(30)
+    assert h.cluster.actions() == []  # no metrics, no hang verdict
+    assert len(h.api.probes) >= 2
+
+
+def test_deployment_lock_pauses_then_the_group_is_adopted_again(h: Harness) -> None:
+    h.adopt_healthy()
+    lock = h.state_dir / "deployment.lock"
+    lock.write_text("site.yml\n")
+    os.utime(lock, (h.clock.now, h.clock.now))
+    h.worker.die(1)  # site.yml restarting the ranks
+    h.tick(20)  # 100 s: past probe_interval, with nothing running
+    assert h.cluster.actions() == []
+    assert h.api.probes == []  # no probe either: the run owns the API meanwhile
+    state = h.state()
+    assert state["state"] == "paused" and state["reason"].startswith(f"paused: {lock} held (since ")
+    assert state["ranks"][1]["state"] == "exited"  # still observed and reported
+    h.worker.state = "running"
+    h.worker.started_at = iso(h.clock.now)  # site.yml started a new group
+    h.head.started_at = iso(h.clock.now + 1)
+    lock.unlink()
+    h.tick(5)
+    assert h.cluster.actions() == []  # adopted, not restarted
+    assert "healthy action=adopt" in h.log_lines("decision")[-1]
+
+
+def test_a_stale_lock_is_ignored_with_one_warning(h: Harness) -> None:
+    h.adopt_healthy()
+    lock = h.state_dir / "deployment.lock"
+    lock.write_text("")
+    stale = h.clock.now - 121 * 60
+    os.utime(lock, (stale, stale))
+    h.worker.die(1)
+    h.tick(10)
+    (warning,) = h.log_lines("warning")
+    assert f"ignoring {lock}: older than pause_max_minutes (120)" in warning
+    assert h.cluster.actions()[:4] == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+
+
+def test_a_lock_that_outlives_pause_max_stops_pausing(tmp_path: Path) -> None:
+    h = Harness(tmp_path, pause_max_minutes=1)
+    h.adopt_healthy()
+    lock = h.state_dir / "deployment.lock"
+    lock.write_text("")
+    os.utime(lock, (h.clock.now, h.clock.now))
+    h.worker.die(1)
+    h.tick(11)  # 55 s: still paused
+    assert h.cluster.actions() == []
+    h.tick(2)
+    assert h.cluster.actions() != [] and len(h.log_lines("warning")) == 1
+
+
+def test_state_file_format(h: Harness) -> None:
+    h.api.running, h.api.waiting, h.api.tokens = 0, 0, 4242
+    h.tick()
+    state = h.state()
+    assert set(state) == {
+        "state",
+        "reason",
+        "since",
+        "attempts",
+        "backoff_until",
+        "last_action",
+        "ranks",
+        "api",
+        "updated",
+        "pid",
+    }
+    assert state["pid"] == os.getpid() and state["updated"] == T0 and state["since"] == T0
+    assert state["last_action"] == {"time": T0, "action": "adopt", "reason": state["reason"]}
+    assert [r["node"] for r in state["ranks"]] == ["spark-a", "spark-b"]
+    assert set(state["ranks"][1]) == {
+        "node",
+        "rank",
+        "state",
+        "exit_code",
+        "started_at",
+        "finished_at",
+        "restart_count",
+        "oom_killed",
+        "boot_id",
+        "mem_available_bytes",
+        "memguard_last_kill",
+        "detail",
+    }
+    assert state["api"] == {
+        "health": 200,
+        "running": 0.0,
+        "waiting": 0.0,
+        "generation_tokens_total": 4242.0,
+        "last_progress": T0,
+        "last_probe": None,
+    }
+    assert [p.name for p in h.state_dir.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_state_document_keeps_nan_out_of_json() -> None:
+    doc = sup.state_document(sup.Memory(), obs(metrics=sup.Metrics(float("nan"), 0.0, float("inf"))), NOW, 1)
+    assert (doc["api"]["running"], doc["api"]["waiting"], doc["api"]["generation_tokens_total"]) == (
+        None,
+        0.0,
+        None,
+    )
+    json.dumps(doc, allow_nan=False)
+
+
+def test_state_is_restarting_while_the_steps_run(h: Harness) -> None:
+    h.adopt_healthy()
+    seen: list[str] = []
+    original = h.cluster.__call__
+
+    def spy(argv: Sequence[str], timeout: float) -> Any:
+        if argv[-1] != "status":
+            seen.append(h.state()["state"])
+        return original(argv, timeout)
+
+    h.sup.run = spy
+    h.worker.die(1)
+    h.tick()
+    assert seen == ["restarting"] * 4
+    assert h.state()["state"] == "starting"
+
+
+def test_log_lines_go_to_stdout_and_rotate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    log = sup.RotatingLog(tmp_path / "supervisor.log", 600, 2, clock.time)
+    for index in range(40):
+        log.write("decision", f"line {index:02d}\nwith a newline " + "x" * 20)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 40 and "line 39 with a newline" in out
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["supervisor.log", "supervisor.log.1", "supervisor.log.2"]
+    assert all(p.stat().st_size <= 600 for p in tmp_path.iterdir())
+
+
+def test_every_decision_is_logged_once_not_every_tick(h: Harness) -> None:
+    h.adopt_healthy()
+    h.tick(50)
+    assert len(h.log_lines("decision")) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP against a real local server
+# --------------------------------------------------------------------------------------------
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/slow":
+            time.sleep(2)
+        code = 200 if self.path in ("/health", "/slow") else 404
+        self.send_response(code)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        body = json.loads(self.rfile.read(length))
+        ok = self.headers.get("Authorization") == f"Bearer {KEY}" and body["max_tokens"] == 1
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_http_request(server: str) -> None:
+    assert sup.http_request("GET", f"{server}/health", {}, None, 5) == sup.HttpResult(200, "ok", "")
+    missing = sup.http_request("GET", f"{server}/nope", {}, None, 5)
+    assert (missing.status, missing.error) == (404, "HTTP 404")
+    body = json.dumps({"max_tokens": 1}).encode()
+    assert sup.http_request("POST", f"{server}/v1", {"Authorization": f"Bearer {KEY}"}, body, 5).status == 200
+    assert sup.http_request("POST", f"{server}/v1", {}, body, 5).status == 401
+    slow = sup.http_request("GET", f"{server}/slow", {}, None, 0.3)
+    assert slow.status is None and "timed out" in slow.error
+    refused = sup.http_request("GET", f"http://127.0.0.1:{_free_port()}/health", {}, None, 5)
+    assert refused.status is None and "refused" in refused.error.lower()
+
+
+def test_supervisor_against_a_real_http_server(tmp_path: Path, server: str) -> None:
+    h = Harness(tmp_path, api_url=server)
+    h.sup.http = sup.http_request
+    h.tick(2)
+    assert h.sup.memory.state is sup.State.HEALTHY
+    assert h.state()["api"]["last_probe"]["outcome"] == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# The program
+# --------------------------------------------------------------------------------------------
+
+FAKE_RANKCTL = """\
+#!{python}
+import json, pathlib, sys, time
+here = pathlib.Path(__file__).resolve().parent
+with (here / "calls.jsonl").open("a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+print(json.dumps({{"node": sys.argv[1], "state": "running", "started_at": "2026-12-01T08:00:00Z",
+                  "boot_id": "b", "mem_available_bytes": 1 << 36, "memguard_last_kill": None,
+                  "time": time.time()}}))
+"""
+
+
+def program_config(tmp_path: Path, **overrides: Any) -> Path:
+    rankctl = tmp_path / "rankctl"
+    rankctl.write_text(FAKE_RANKCTL.format(python=sys.executable))
+    rankctl.chmod(0o755)
+    (tmp_path / "api_key").write_text(KEY)
+    doc = config_doc(tmp_path / "state", tmp_path / "api_key", interval_seconds=0.05, **overrides)
+    doc["api_url"] = f"http://127.0.0.1:{_free_port()}"  # nothing listens: the API is "starting"
+    doc["nodes"] = [{"name": n, "rank": r, "rankctl": [str(rankctl), n]} for r, n in enumerate(NAMES[:2])]
+    path = tmp_path / "supervisor.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def rankctl_calls(tmp_path: Path) -> list[list[str]]:
+    calls = tmp_path / "calls.jsonl"
+    return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def test_once_as_a_program(tmp_path: Path) -> None:
+    path = program_config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), "--config", str(path), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert " start pid=" in done.stdout and "starting action=adopt" in done.stdout
+    assert rankctl_calls(tmp_path) == [["spark-a", "status"], ["spark-b", "status"]]
+    state = json.loads((tmp_path / "state" / "supervisor-state.json").read_text())
+    assert state["state"] == "starting" and state["api"]["health"] is None
+    assert KEY not in done.stdout + (tmp_path / "state" / "supervisor.log").read_text()
+
+
+def test_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "supervisor.json"
+    path.write_text(json.dumps(_bad(max_attempts=0)))
+    assert sup.main(["--config", str(path)]) == 2
+    assert "bad config" in capsys.readouterr().err
+    path.write_text("{")
+    assert sup.main(["--config", str(path)]) == 2
+    assert sup.main(["--config", str(tmp_path / "absent.json")]) == 2
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_stops_cleanly_and_leaves_the_ranks_alone(tmp_path: Path, signum: int) -> None:
+    path = program_config(tmp_path)
+    state_file = tmp_path / "state" / "supervisor-state.json"
+    with subprocess.Popen(
+        [sys.executable, str(PROGRAM), "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + 20
+        while not state_file.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the supervisor never wrote its state"
+            time.sleep(0.02)
+        time.sleep(0.3)  # a few ticks
+        os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert f"stop {signal.Signals(signum).name} received, exiting; ranks left as they are" in out
+    state = json.loads(state_file.read_text())
+    assert state["state"] == "stopped" and signal.Signals(signum).name in state["reason"]
+    assert {call[1] for call in rankctl_calls(tmp_path)} == {"status"}
+
+
+def test_memory_record_dataclass_is_immutable() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sup.Memory().state = sup.State.HEALTHY  # type: ignore[misc]
