@@ -26,6 +26,13 @@ def _when(epoch: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
+def _count(value: Any) -> str:
+    """A Prometheus number as an operator reads it: ``3.0`` -> ``3``; unknown -> ``?``."""
+    if isinstance(value, (int, float)):
+        return f"{value:g}" if isinstance(value, float) and not value.is_integer() else str(int(value))
+    return "?"
+
+
 def rank_problem(node: dict[str, Any]) -> str | None:
     """Why one node's rank is not serving, from its rankctl status (None: running)."""
     status = node.get("status")
@@ -138,8 +145,8 @@ def health_table(report: dict[str, Any]) -> str:
         )
     api = report["api"]
     lines.append(
-        f"API: {api.get('running', '?')} running, {api.get('waiting', '?')} waiting, "
-        f"{api.get('generation_tokens_total', '?')} tokens generated"
+        f"API: {_count(api.get('running'))} running, {_count(api.get('waiting'))} waiting, "
+        f"{_count(api.get('generation_tokens_total'))} tokens generated"
     )
     lines += [
         f"memory guard killed the ranks on {kill['node']} at {_when(kill['time'])}"

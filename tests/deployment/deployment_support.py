@@ -50,6 +50,16 @@ class PlaybookRun:
             host: {name: (data.get(key) or {}).get(host, 0) for key, name in keys.items()} for host in hosts
         }
 
+    def results_of(self, task: str, host: str) -> list[dict[str, Any]]:
+        """The results (``res``) the host had for the task named ``task`` (its name without the role)."""
+        return [
+            event["event_data"]["res"]
+            for event in self.events
+            if event.get("event") in ("runner_on_ok", "runner_on_failed")
+            and event["event_data"].get("host") == host
+            and event["event_data"].get("task", "").split(" : ")[-1] == task
+        ]
+
     def task_results(self, host: str) -> int:
         """How many task results the host had: every ok (changed included), skip and failure."""
         counts = self.stats.get(host, {})

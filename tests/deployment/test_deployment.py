@@ -50,7 +50,9 @@ def test_rank_container_options(lab, node):
     assert host["NetworkMode"] == "host"
     assert host["IpcMode"] == "host"
     assert host["ShmSize"] == 32 * 1024**3
-    assert host["RestartPolicy"]["Name"] == "unless-stopped"
+    assert host["RestartPolicy"]["Name"] == "no", (
+        "a rank never restarts alone: the supervisor restarts the group"
+    )
     assert sorted(host["Binds"]) == sorted(
         [f"{MODEL_DIR}:/model:ro", f"{STATE_DIR}/plans:/plans:ro", f"{STATE_DIR}/cache:/cache:rw"]
     )

@@ -471,7 +471,7 @@ def _sample(line: str) -> tuple[str, float] | None:
             return None  # no closing brace: a truncated line
         rest = line[index + 1 :]
     else:
-        name, _, rest = line.partition(" ")
+        name, _sep, rest = line.partition(" ")
     fields = rest.split()
     if not name or not fields:
         return None
@@ -1139,7 +1139,7 @@ class Supervisor:
         )
 
     def stop_group(self, decision: Decision, memory: Memory) -> Memory:
-        ok, failure, _ = self.run_steps(stop_plan(self.settings))
+        ok, failure, _steps = self.run_steps(stop_plan(self.settings))
         if not ok:  # the restart after the wait stops again; say so now
             self.log.write("error", f"stopping the group: {failure}")
         now = self.clock()

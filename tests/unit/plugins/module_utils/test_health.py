@@ -1,11 +1,11 @@
-"""The deployment's verdict (``_health``), from what the nodes report."""
+"""The deployment's verdict (``_health``), from what the nodes report. (Its filter,
+``deployment_health``, is tested in a child interpreter in tests/unit/plugins/filter.)"""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
-from ansible_collections.sparkserve.dsv41.plugins.filter.deployment_health import deployment_health_filter
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._health import deployment_health, health_table
 
 NOW = 1_800_000_000.0
@@ -159,10 +159,3 @@ def test_an_exited_rank_and_an_unhealthy_api_in_the_table():
     assert lines[1].split()[-3:] == ["not", "healthy", "(503)"]
     assert "exited (1) at T" in lines[2]
     assert lines[-1].startswith("DEGRADED: worker (rank 1): container dsv41-r1 exited with code 1 at T; API:")
-
-
-def test_the_filter_adds_the_table_and_refuses_what_is_not_a_node_list():
-    report = deployment_health_filter(HEALTHY_NODES, API, SUPERVISOR, True, 5)
-    assert report["table"].startswith("node")
-    with pytest.raises(Exception, match="list of nodes"):
-        deployment_health_filter("head", API)

@@ -1,0 +1,257 @@
+"""The fault suite: failures injected into the converged lab, and the pair healing itself.
+
+Each case injects one failure an owner of two Sparks meets (a rank killed, a node rebooted, an
+engine that hangs while /health says 200, a rank that cannot start), asserts the bound the
+collection promises, and records what it measured in ``.lab/fault-suite.json`` (the README's table
+is taken from it). The supervisor is re-converged with short timings for the suite (the
+variables an owner would set: a hang after 20 s rather than 60 s) and put back afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from deployment_support import INVENTORY, STATE_DIR, api_key, run_playbook, site, user_environment
+from lab_support import MGMT_ADDRESS, REPO, STATE, wait_for
+
+RANKS = {"head": 0, "worker": 1}
+CHAT_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/chat/completions"
+RESULTS = STATE / "fault-suite.json"
+FAST = {
+    "supervisor_interval_seconds": 2,
+    "supervisor_hang_seconds": 20,
+    "supervisor_probe_interval_seconds": 10,
+    "supervisor_probe_timeout_seconds": 10,
+    "supervisor_backoff_initial_seconds": 2,
+    "supervisor_backoff_max_seconds": 8,
+    "supervisor_max_attempts": 3,
+    "supervisor_startup_timeout_minutes": 2,
+}
+
+
+def chat(key: str, timeout: float = 10, stream: bool = False) -> urllib.request.Request:
+    body = {
+        "model": "deepseek-v4.1-flash",
+        "messages": [{"role": "user", "content": "What is 2+2?"}],
+        "max_tokens": 400 if stream else 8,
+        "stream": stream,
+    }
+    return urllib.request.Request(
+        CHAT_URL,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+
+
+def chat_answers(key: str) -> bool:
+    """Whether a chat request completes now, with an answer."""
+    try:
+        with urllib.request.urlopen(chat(key), timeout=10) as response:
+            answer = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return bool(answer.get("choices") and answer["choices"][0]["message"].get("content"))
+
+
+def supervisor_state(lab) -> dict:
+    return json.loads(lab.ssh("head", f"cat {STATE_DIR}/supervisor-state.json").stdout)
+
+
+def supervisor_log(lab) -> str:
+    return lab.ssh("head", f"cat {STATE_DIR}/supervisor.log").stdout
+
+
+def started_at(lab, node: str) -> str:
+    return lab.ssh(
+        node, f"docker inspect --format '{{{{.State.StartedAt}}}}' dsv41-r{RANKS[node]}"
+    ).stdout.strip()
+
+
+def record(case: str, measured: float, bound: float, detail: str) -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results[case] = {"seconds": round(measured, 1), "bound": bound, "detail": detail, "at": time.time()}
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def healed(lab, key: str, since: float, bound: float, before: dict[str, str]) -> float:
+    """Seconds from ``since`` until the group was restarted (every rank started anew) and a chat
+    request completes; fails past ``bound``."""
+
+    def restarted_and_answering() -> bool:
+        return all(started_at(lab, node) != before[node] for node in RANKS) and chat_answers(key)
+
+    assert wait_for(restarted_and_answering, timeout=bound, interval=2), supervisor_log(lab)[-3000:]
+    return time.monotonic() - since
+
+
+def status(*args: str):
+    run, _ = run_playbook("playbooks/status.yml", *args)
+    return run
+
+
+@pytest.fixture(scope="module")
+def supervised(lab):
+    """The converged pair, with the supervisor on short timings; put back as site.yml makes it."""
+    run, _ = site("--tags", "supervisor", "-e", json.dumps(FAST))
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert wait_for(lambda: supervisor_state(lab)["state"] == "healthy", timeout=60), supervisor_state(lab)
+    yield lab
+    restored, _ = site()
+    assert restored.returncode == 0, restored.stdout[-3000:]
+
+
+@pytest.fixture
+def key(supervised) -> str:
+    assert wait_for(lambda: supervisor_state(supervised)["state"] == "healthy", timeout=120)
+    return api_key(supervised)
+
+
+def test_status_exits_0_on_a_healthy_pair_and_speaks_json(supervised):
+    run = status()
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "\nhealthy" in run.stdout or "healthy\n" in run.stdout
+    machine = status("-e", "status_format=json")
+    assert machine.returncode == 0
+    (shown,) = machine.results_of("Show the deployment's state", "head")
+    document = json.loads(shown["msg"])
+    assert document["healthy"] is True and document["problems"] == []
+    assert [node["status"]["state"] for node in document["nodes"]] == ["running", "running"]
+    assert document["supervisor"]["state"] == "healthy"
+
+
+@pytest.mark.parametrize("node", ["worker", "head"])
+def test_a_killed_rank_is_healed_by_restarting_the_group_in_order(supervised, key, node):
+    lab = supervised
+    before = {name: started_at(lab, name) for name in RANKS}
+    since = time.monotonic()
+    lab.ssh(node, f"docker kill dsv41-r{RANKS[node]}")
+    seconds = healed(lab, key, since, bound=120, before=before)
+    record(f"{node} rank killed", seconds, 120, "docker kill; a chat request completes again")
+    assert seconds <= 120
+    log = supervisor_log(lab)
+    assert f"lost rank {RANKS[node]} on {node}: exited, exit code 137" in log
+    restart = log[log.rindex(f"lost rank {RANKS[node]} on {node}") :]
+    steps = [line.split(" ", 3)[3] for line in restart.splitlines() if " step " in line][:4]
+    assert [step.split(":")[0] for step in steps] == [
+        "stop rank 0 on head",
+        "stop rank 1 on worker",
+        "start rank 1 on worker",
+        "start rank 0 on head",
+    ], restart
+
+
+def test_a_rebooted_worker_node_comes_back_and_the_pair_heals(supervised, key):
+    lab = supervised
+    before = {name: started_at(lab, name) for name in RANKS}
+    since = time.monotonic()
+    subprocess.run(["docker", "restart", "worker"], check=True, capture_output=True, timeout=120)
+    seconds = healed(lab, key, since, bound=240, before=before)
+    record("worker node rebooted", seconds, 240, "docker restart worker; a chat request completes again")
+    assert seconds <= 240
+    names = lab.ssh("worker", "ip -o -4 addr show").stdout
+    assert "enp1s0f1np1" in names and "wlP9s9" in names, "the node kept its Spark interface names"
+    assert "lost rank 1 on worker" in supervisor_log(lab)
+
+
+def test_a_hang_while_a_request_runs_is_detected_and_healed(supervised, key):
+    lab = supervised
+    before = {name: started_at(lab, name) for name in RANKS}
+    stuck = threading.Thread(target=lambda: _read_stream(key), daemon=True)
+    stuck.start()
+    time.sleep(1)
+    since = time.monotonic()
+    lab.ssh("head", f"echo hang > {STATE_DIR}/cache/standin-faults")
+    hang = FAST["supervisor_hang_seconds"]
+    assert wait_for(lambda: "hang:" in supervisor_log(lab), timeout=hang + 15, interval=1), supervisor_log(
+        lab
+    )
+    detected = time.monotonic() - since
+    seconds = healed(lab, key, since, bound=hang + 120, before=before)
+    record(
+        "hang on the head",
+        detected,
+        hang + 15,
+        f"detected (hang threshold {hang} s); healed in {seconds:.0f} s",
+    )
+    assert detected <= hang + 15
+    assert "requests running, no new tokens for" in supervisor_log(lab)
+
+
+def _read_stream(key: str) -> None:
+    try:
+        with urllib.request.urlopen(chat(key, stream=True), timeout=300) as response:
+            while response.readline():
+                pass
+    except (urllib.error.URLError, OSError):
+        pass  # the hung engine is restarted under it
+
+
+def test_a_rank_that_cannot_start_makes_the_supervisor_give_up_and_site_yml_brings_it_back(supervised, key):
+    lab = supervised
+    since = time.monotonic()
+    lab.ssh("worker", f"printf 'exit_on_start\\ncrash\\n' > {STATE_DIR}/cache/standin-faults")
+    try:
+        assert wait_for(lambda: supervisor_state(lab)["state"] == "gave_up", timeout=240, interval=2), (
+            supervisor_log(lab)[-3000:]
+        )
+        gave_up = time.monotonic() - since
+        state = supervisor_state(lab)
+        assert state["attempts"] == FAST["supervisor_max_attempts"], state
+        degraded = status()
+        assert degraded.returncode != 0
+        assert "supervisor: gave_up" in degraded.stdout and "worker (rank 1)" in degraded.stdout, (
+            degraded.stdout
+        )
+    finally:
+        lab.ssh("worker", f"rm -f {STATE_DIR}/cache/standin-faults")
+    back, _ = site("-e", json.dumps(FAST))
+    assert back.returncode == 0, back.stdout[-3000:]
+    assert wait_for(lambda: chat_answers(key), timeout=60)
+    assert wait_for(lambda: supervisor_state(lab)["state"] == "healthy", timeout=60), supervisor_state(lab)
+    assert status().returncode == 0
+    record("rank cannot start (exit_on_start)", gave_up, 240, f"gave up after {state['attempts']} attempts")
+
+
+def test_a_second_site_yml_stops_at_once_naming_the_lock_holder(supervised):
+    first = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            INVENTORY,
+            "site.yml",
+            "--tags",
+            "image",
+        ],
+        cwd=REPO,
+        env=user_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert wait_for(
+            lambda: (
+                supervised.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode == 0
+            ),
+            timeout=60,
+            interval=0.5,
+        )
+        since = time.monotonic()
+        second, _ = site("--tags", "image")
+        stopped = time.monotonic() - since
+    finally:
+        output, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, output[-3000:]
+    assert second.returncode != 0
+    assert "Another run holds the deployment lock on head" in second.stdout, second.stdout[-3000:]
+    assert f"(pid {first.pid})" in second.stdout
+    assert "TASK [sparkserve.dsv41.image" not in second.stdout, "it stopped before anything else"
+    record("second site.yml while one runs", stopped, 30, "stopped naming the holder")
