@@ -24,6 +24,7 @@ from lab_support import MGMT_ADDRESS, REPO, STATE, wait_for
 
 RANKS = {"head": 0, "worker": 1}
 CHAT_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/chat/completions"
+METRICS_URL = f"http://{MGMT_ADDRESS['head']}:8000/metrics"
 RESULTS = STATE / "fault-suite.json"
 FAST = {
     "supervisor_interval_seconds": 2,
@@ -41,7 +42,7 @@ def chat(key: str, timeout: float = 10, stream: bool = False) -> urllib.request.
     body = {
         "model": "deepseek-v4.1-flash",
         "messages": [{"role": "user", "content": "What is 2+2?"}],
-        "max_tokens": 400 if stream else 8,
+        "max_tokens": 4000 if stream else 8,
         "stream": stream,
     }
     return urllib.request.Request(
@@ -52,13 +53,16 @@ def chat(key: str, timeout: float = 10, stream: bool = False) -> urllib.request.
 
 
 def chat_answers(key: str) -> bool:
-    """Whether a chat request completes now, with an answer."""
+    """Whether a chat request completes now: tokens generated and a finish reason (with 8 tokens a
+    reasoning model is still thinking, so the answer may be all reasoning)."""
     try:
         with urllib.request.urlopen(chat(key), timeout=10) as response:
             answer = json.load(response)
     except (urllib.error.URLError, OSError, ValueError):
         return False
-    return bool(answer.get("choices") and answer["choices"][0]["message"].get("content"))
+    choices = answer.get("choices") or [{}]
+    generated = answer.get("usage", {}).get("completion_tokens", 0)
+    return generated > 0 and choices[0].get("finish_reason") is not None
 
 
 def supervisor_state(lab) -> dict:
@@ -108,10 +112,30 @@ def supervised(lab):
     assert restored.returncode == 0, restored.stdout[-3000:]
 
 
+def settled(lab) -> bool:
+    """Healthy for a while: a case starts from a group that has finished healing the last one."""
+    state = supervisor_state(lab)
+    return state["state"] == "healthy" and state["updated"] - state["since"] >= 10
+
+
 @pytest.fixture
 def key(supervised) -> str:
-    assert wait_for(lambda: supervisor_state(supervised)["state"] == "healthy", timeout=120)
+    assert wait_for(lambda: settled(supervised), timeout=180, interval=2), supervisor_log(supervised)[-3000:]
     return api_key(supervised)
+
+
+def requests_running() -> float:
+    """vllm:num_requests_running from the API's /metrics (0 when it does not answer)."""
+    try:
+        with urllib.request.urlopen(METRICS_URL, timeout=5) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return 0
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
 
 
 def test_status_exits_0_on_a_healthy_pair_and_speaks_json(supervised):
@@ -161,19 +185,23 @@ def test_a_rebooted_worker_node_comes_back_and_the_pair_heals(supervised, key):
     assert "lost rank 1 on worker" in supervisor_log(lab)
 
 
-def test_a_hang_while_a_request_runs_is_detected_and_healed(supervised, key):
+def test_a_hang_while_requests_run_is_detected_and_healed(supervised, key):
     lab = supervised
     before = {name: started_at(lab, name) for name in RANKS}
-    stuck = threading.Thread(target=lambda: _read_stream(key), daemon=True)
-    stuck.start()
-    time.sleep(1)
-    since = time.monotonic()
-    lab.ssh("head", f"echo hang > {STATE_DIR}/cache/standin-faults")
-    hang = FAST["supervisor_hang_seconds"]
-    assert wait_for(lambda: "hang:" in supervisor_log(lab), timeout=hang + 15, interval=1), supervisor_log(
-        lab
-    )
-    detected = time.monotonic() - since
+    traffic = threading.Event()
+    agent = threading.Thread(target=_stream_until, args=(key, traffic), daemon=True)
+    agent.start()
+    try:
+        assert wait_for(lambda: requests_running() >= 1, timeout=30, interval=0.2), "a request runs"
+        since = time.monotonic()
+        lab.ssh("head", f"echo hang > {STATE_DIR}/cache/standin-faults")
+        hang = FAST["supervisor_hang_seconds"]
+        assert wait_for(lambda: "hang:" in supervisor_log(lab), timeout=hang + 15, interval=1), (
+            supervisor_log(lab)
+        )
+        detected = time.monotonic() - since
+    finally:
+        traffic.set()
     seconds = healed(lab, key, since, bound=hang + 120, before=before)
     record(
         "hang on the head",
@@ -185,13 +213,15 @@ def test_a_hang_while_a_request_runs_is_detected_and_healed(supervised, key):
     assert "requests running, no new tokens for" in supervisor_log(lab)
 
 
-def _read_stream(key: str) -> None:
-    try:
-        with urllib.request.urlopen(chat(key, stream=True), timeout=300) as response:
-            while response.readline():
-                pass
-    except (urllib.error.URLError, OSError):
-        pass  # the hung engine is restarted under it
+def _stream_until(key: str, stop: threading.Event) -> None:
+    """Streamed requests one after the other, as an agent sends them, until ``stop``."""
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(chat(key, stream=True), timeout=120) as response:
+                while not stop.is_set() and response.readline():
+                    pass
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)  # the hung engine is being restarted under it
 
 
 def test_a_rank_that_cannot_start_makes_the_supervisor_give_up_and_site_yml_brings_it_back(supervised, key):
