@@ -197,6 +197,46 @@ def downloaded_bytes(model_dir: str, expected: dict[str, int]) -> int:
     return min(done, total) if total else done
 
 
+def open_paths(proc_root: str = "/proc") -> set[str]:
+    """The files some process of ours has open, from ``/proc/<pid>/fd`` (others' are unreadable,
+    and a download of this deployment runs as this user)."""
+    paths: set[str] = set()
+    with contextlib.suppress(OSError):
+        pids = [name for name in os.listdir(proc_root) if name.isdigit()]
+        for pid in pids:
+            fd_dir = os.path.join(proc_root, pid, "fd")
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(fd_dir):
+                    with contextlib.suppress(OSError):
+                        paths.add(os.readlink(os.path.join(fd_dir, fd)))
+    return paths
+
+
+def orphaned_partials(model_dir: str, in_use: set[str]) -> list[tuple[str, int]]:
+    """``(path, size)`` of the partial downloads no process is writing: left by a download that was
+    killed (a reboot, a kill). huggingface_hub names each attempt's file anew
+    (``<hash>.<etag>.<random>.incomplete``) and never resumes another process's, so they only pile up."""
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(os.path.join(model_dir, HF_DOWNLOAD_CACHE)):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if name.endswith(".incomplete") and os.path.realpath(path) not in in_use:
+                with contextlib.suppress(OSError):
+                    found.append((path, os.lstat(path).st_size))
+    return sorted(found)
+
+
+def remove_orphaned_partials(model_dir: str, proc_root: str = "/proc") -> tuple[int, int]:
+    """Remove :func:`orphaned_partials`; ``(files, bytes)`` removed."""
+    files = removed_bytes = 0
+    for path, size in orphaned_partials(model_dir, open_paths(proc_root)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            files += 1
+            removed_bytes += size
+    return files, removed_bytes
+
+
 def missing_files(model_dir: str, expected: dict[str, int]) -> list[str]:
     """The ``expected`` files that are absent or of another size (what a download would fetch)."""
     missing = []
@@ -248,6 +288,7 @@ def check_download(
     """
     expected, listing_error = list_expected(hub, repo_id, revision, patterns)
     would = missing_files(model_dir, expected)
+    orphans = orphaned_partials(model_dir, open_paths())
     if listing_error:
         message = f"the hub did not list {repo_id} ({listing_error}); cannot tell what a download would fetch"
     elif would:
@@ -255,9 +296,15 @@ def check_download(
         message = f"would download {len(would)} files ({amount}) of {repo_id} into {model_dir}"
     else:
         message = f"{model_dir} holds every file of {repo_id} ({len(expected)} files); nothing to download"
+    if orphans:
+        message += (
+            f"; would remove {len(orphans)} partial downloads left by an interrupted run"
+            f" ({human_bytes(sum(size for _path, size in orphans))})"
+        )
     return {
-        "changed": bool(would),
+        "changed": bool(would or orphans),
         "would_download": would,
+        "partials_removed": len(orphans),
         "files_total": len(expected),
         "bytes_total": sum(expected.values()) if expected else None,
         "listing_error": listing_error,
@@ -284,6 +331,8 @@ def run_download(
     """
     started = monotonic()
     before = listing(model_dir)
+    # Before counting what is there: a killed run's partial files would count as progress.
+    orphans, orphan_bytes = remove_orphaned_partials(model_dir)
     progress.update(force=True, phase="listing")
     expected, listing_error = list_expected(hub, repo_id, revision, patterns)
     total = sum(expected.values()) if expected else None
@@ -326,11 +375,15 @@ def run_download(
     else:
         progress.finish(done=comparison["bytes_added"])
     message = download_message(repo_id, model_dir, comparison, len(expected))
+    if orphans:
+        amount = human_bytes(orphan_bytes)
+        message += f"; removed {orphans} partial downloads left by an interrupted run ({amount})"
     if listing_error:
         # huggingface_hub keeps an existing local_dir when the hub cannot be asked (offline, 401).
         message += f"; WARNING: the hub did not list the repo ({listing_error}), the local files were kept"
     return {
-        "changed": comparison["changed"],
+        "changed": comparison["changed"] or orphans > 0,
+        "partials_removed": orphans,
         "files_total": len(expected),
         "bytes_total": total,
         "added": comparison["added"],

@@ -22,6 +22,9 @@ description:
     DeepSeek-V4.1-Flash).
   - C(changed) is true when the file listing of O(model_dir) (C(.cache/) aside) differs after the
     download, so a re-run on a complete directory reports no change.
+  - A download killed mid-file (a reboot, a kill) leaves partial files that C(huggingface_hub)
+    never resumes (each attempt writes a file of its own). They are removed first, unless a process
+    still writes them (RV(partials_removed)); the files completed before the kill are kept.
   - Needs C(huggingface_hub) in the Python that runs the module. The C(sparkserve.dsv41.checkpoint)
     role installs it in a virtualenv of its own and runs this module with that virtualenv's Python
     (C(ansible_python_interpreter) on the task).
@@ -122,6 +125,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+partials_removed:
+  description:
+    - Partial downloads (C(.incomplete) files under C(.cache/huggingface/download)) that no process was
+      writing - left by a download that was killed - removed before downloading (check mode - would be).
+  returned: success
+  type: int
+  sample: 0
 repo_id:
   description: The repo downloaded.
   returned: always

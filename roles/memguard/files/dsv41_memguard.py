@@ -39,6 +39,7 @@ MIB = 1024**2
 KIB = 1024
 
 DEFAULT_STATE_DIR = "~/.dsv41-two-sparks"  # the collection's deployment_state_dir default
+KILL_RECORD = "memguard-last-kill"  # in the state directory: the time of the last kill, for the supervisor
 CMDLINE_MAX_CHARS = 200  # keeps a trace line readable; the head of argv identifies the process
 # Docker container names are [a-zA-Z0-9][a-zA-Z0-9_.-]*; restricting the prefix to that set keeps
 # it harmless inside the `name=^<prefix>` regex filter and unable to look like a CLI option.
@@ -495,7 +496,7 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         trace_top=args.trace_top,
         log_max_bytes=args.log_max_bytes,
         log_backups=args.log_backups,
-        kill_record=Path(args.kill_record).expanduser() if args.kill_record else state_dir / "memguard-last-kill",
+        kill_record=Path(args.kill_record).expanduser() if args.kill_record else state_dir / KILL_RECORD,
     )
 
 

@@ -341,3 +341,62 @@ def test_check_mode_says_what_would_be_fetched_and_writes_nothing(tmp_path):
     )
     assert (report["changed"], report["listing_error"]) == (False, "ConnectionError: refused")
     assert "cannot tell what a download would fetch" in report["msg"]
+
+
+# --------------------------------------------------------------------------- an interrupted download
+
+
+def partial(model: Path, name: str, size: int) -> Path:
+    """A partial file as huggingface_hub leaves it when its process is killed mid-file."""
+    cache = model / ".cache" / "huggingface" / "download"
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{hashlib.sha1(name.encode()).hexdigest()[:8]}.etag.{os.urandom(4).hex()}.incomplete"
+    path.write_bytes(b"x" * size)
+    return path
+
+
+def fake_proc(tmp_path: Path, open_files: list[Path]) -> Path:
+    """A /proc with one process holding ``open_files`` open (fd symlinks, as the kernel shows them)."""
+    fd_dir = tmp_path / "proc" / "4242" / "fd"
+    fd_dir.mkdir(parents=True)
+    for number, path in enumerate(open_files):
+        (fd_dir / str(number)).symlink_to(path)
+    (tmp_path / "proc" / "self").mkdir()  # not a pid: skipped
+    return tmp_path / "proc"
+
+
+def test_partials_no_process_writes_are_orphans_and_a_live_ones_is_kept(tmp_path):
+    model = tmp_path / "model"
+    orphan = partial(model, SHARD5, 3000)
+    live = partial(model, SHARD6, 2000)
+    proc = fake_proc(tmp_path, [live])
+    assert dl.open_paths(str(proc)) == {str(live)}
+    assert dl.orphaned_partials(str(model), dl.open_paths(str(proc))) == [(str(orphan), 3000)]
+    assert dl.remove_orphaned_partials(str(model), str(proc)) == (1, 3000)
+    assert not orphan.exists() and live.exists(), "a download still running keeps its file"
+
+
+def test_a_rerun_after_a_killed_download_fetches_only_what_was_missing_and_leaves_no_partials(tmp_path):
+    model = tmp_path / "model"
+    hub = FakeHub(REPO)
+    download(hub, model)
+    (model / "config.json").unlink()  # the file being written when the process was killed
+    for size in (100, 200):
+        partial(model, "config.json", size)  # two killed attempts
+    hub.fetched.clear()
+    again = download(hub, model)
+    assert hub.fetched == ["config.json"], "the complete files are not fetched again"
+    assert again["partials_removed"] == 2
+    assert again["msg"].endswith("; removed 2 partial downloads left by an interrupted run (300 B)")
+    assert not list((model / ".cache").rglob("*.incomplete"))
+
+
+def test_check_mode_counts_the_orphans_and_removes_nothing(tmp_path):
+    model = tmp_path / "model"
+    hub = FakeHub(REPO)
+    download(hub, model)
+    left = partial(model, SHARD1, 10)
+    report = dl.check_download(hub, repo_id="o/r", revision=None, model_dir=str(model), patterns=[])
+    assert (report["changed"], report["partials_removed"], report["would_download"]) == (True, 1, [])
+    assert "would remove 1 partial downloads left by an interrupted run (10 B)" in report["msg"]
+    assert left.exists()
