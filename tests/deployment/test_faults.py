@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from deployment_support import INVENTORY, STATE_DIR, api_key, run_playbook, site, user_environment
-from lab_support import MGMT_ADDRESS, REPO, STATE, wait_for
+from lab_support import HUB_ENDPOINT, MGMT_ADDRESS, REPO, STATE, labctl, wait_for
 
 RANKS = {"head": 0, "worker": 1}
 CHAT_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/chat/completions"
@@ -285,3 +285,142 @@ def test_a_second_site_yml_stops_at_once_naming_the_lock_holder(supervised):
     assert f"(pid {first.pid})" in second.stdout
     assert "TASK [sparkserve.dsv41.image" not in second.stdout, "it stopped before anything else"
     record("second site.yml while one runs", stopped, 30, "stopped naming the holder")
+
+
+GIB = 1024**3
+
+
+def mem_available_gib(lab) -> float:
+    line = lab.ssh("worker", "grep MemAvailable /proc/meminfo").stdout.split()
+    return int(line[1]) / 1024**2
+
+
+def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_memory_is_back(supervised, key):
+    """The lab's nodes share this machine's memory: the guard's floor is set a little under what is
+    available now, the stand-in's `leak` fault eats through it, and this test holds memory short
+    for a while after the kill (as the leak's owner would have) before it lets go."""
+    lab = supervised
+    available = mem_available_gib(lab)
+    floor = round(available - 2.5, 1)
+    tight = {**FAST, "memguard_floor_gib": floor, "supervisor_memory_margin_gib": 1.0}
+    converged, _ = site("--tags", "memguard,supervisor", "-e", json.dumps(tight))
+    assert converged.returncode == 0, converged.stdout[-3000:]
+    assert wait_for(lambda: settled(lab), timeout=120, interval=2)
+    hog = bytearray(2 * GIB)  # held short: under floor + margin, over the floor
+    hog[::4096] = b"\x01" * len(range(0, len(hog), 4096))
+    try:
+        since = time.monotonic()
+        lab.ssh("worker", f"echo leak > {STATE_DIR}/cache/standin-faults")
+        assert wait_for(
+            lambda: "memory guard on worker killed" in supervisor_log(lab), timeout=90, interval=1
+        ), supervisor_log(lab)[-3000:]
+        killed = time.monotonic() - since
+        assert wait_for(lambda: supervisor_state(lab)["state"] == "memory_wait", timeout=30, interval=1)
+        running = lab.ssh("head", "docker inspect --format '{{.State.Running}}' dsv41-r0").stdout.strip()
+        assert running == "false", "the head's rank is stopped too"
+        time.sleep(15)
+        assert supervisor_state(lab)["state"] == "memory_wait", "nothing restarts while memory is short"
+        assert (
+            lab.ssh("worker", "docker inspect --format '{{.State.Running}}' dsv41-r1").stdout.strip()
+            == "false"
+        )
+    finally:
+        del hog
+    back = time.monotonic()
+    assert wait_for(lambda: chat_answers(key), timeout=120, interval=2), supervisor_log(lab)[-3000:]
+    record(
+        "leak on the worker",
+        time.monotonic() - back,
+        120,
+        f"guard kill after {killed:.0f} s; group stopped and held while memory was short; back after memory",
+    )
+    restored, _ = site("--tags", "memguard,supervisor", "-e", json.dumps(FAST))
+    assert restored.returncode == 0, restored.stdout[-3000:]
+
+
+def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_partials(lab, tmp_path):
+    """The head's download killed mid-file, as a reboot would: a throttled hub of its own (the lab's
+    checkpoint at 0.5 MB/s, one file at a time) and a model directory of its own."""
+    model_dir = "/home/spark/models/interrupted-download"
+    access_log = tmp_path / "access.log"
+    hub = subprocess.Popen(
+        [sys.executable, str(REPO / "lab" / "standins" / "hub" / "hf_hub_standin.py"),
+         "--root", str(STATE / "hub"),
+         "--host", "0.0.0.0", "--port", "5090", "--token-file", str(STATE / "hub-token"),
+         "--access-log", str(access_log), "--throttle-mbps", "0.5"],
+    )  # fmt: skip
+    args = ["--tags", "checkpoint", "--limit", "head", "-e", json.dumps({
+        "deployment_model_dir": model_dir, "checkpoint_download_workers": 1,
+        "checkpoint_hf_endpoint": f"http://{labctl_host()}:5090"})]  # fmt: skip
+    try:
+        first = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, "site.yml", *args],
+            cwd=REPO, env=user_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        partials = f"find {model_dir}/.cache/huggingface/download -name '*.incomplete' 2>/dev/null | wc -l"
+        shards = f"ls {model_dir}/*.safetensors 2>/dev/null | wc -l"
+
+        def mid_file() -> bool:
+            complete = int(lab.ssh("head", shards, check=False).stdout.strip() or 0)
+            return complete >= 2 and int(lab.ssh("head", partials, check=False).stdout.strip() or 0) >= 1
+
+        assert wait_for(mid_file, timeout=180, interval=0.5), "the download got to the middle of a file"
+        done_before = set(
+            lab.ssh("head", f"cd {model_dir} && find . -type f -not -path './.cache/*'").stdout.split()
+        )
+        lab.ssh("head", "pkill -9 -f AnsiballZ_checkpoint_download; pkill -9 -f ansible_async", check=False)
+        first.kill()
+        first.communicate(timeout=60)
+        offset = access_log.stat().st_size
+        again, _ = site(*args)
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert lab.ssh("head", partials).stdout.strip() == "0", "no orphaned partial download is left"
+        requests = [json.loads(line) for line in access_log.read_text()[offset:].splitlines() if line]
+        fetched = [r["path"] for r in requests if r["method"] == "GET" and "/resolve/" in r["path"]]
+        refetched = [path for path in fetched if any(path.endswith(name[1:]) for name in done_before)]
+        assert refetched == [], f"files complete before the kill were fetched again: {refetched}"
+        assert (
+            "removed 1 partial downloads left by an interrupted run" in again.stdout
+            or "partial" in again.stdout
+        )
+        record(
+            "download killed mid-file", 0, 0, f"{len(done_before)} complete files kept, the partial removed"
+        )
+    finally:
+        hub.terminate()
+        lab.ssh("head", f"rm -rf {model_dir}", check=False)
+        lab.ssh("head", "rm -f /home/spark/.dsv41-two-sparks/deployment.lock", check=False)
+
+
+def labctl_host() -> str:
+    """The address the nodes reach this machine's stand-ins at (the lab hub's)."""
+    return HUB_ENDPOINT.split("//", 1)[1].rsplit(":", 1)[0]
+
+
+def test_a_worker_fabric_link_down_is_reported_naming_it_and_the_pair_recovers_when_it_is_back(
+    supervised, key
+):
+    lab = supervised
+    before = {name: started_at(lab, name) for name in RANKS}
+    ifname = "enp1s0f1np1"
+    since = time.monotonic()
+    labctl.node_exec("worker", f"ip link set {ifname} down")
+    try:
+        waiting = f"fabric {ifname} on worker is down: waiting for the link"
+        assert wait_for(lambda: waiting in supervisor_state(lab)["reason"], timeout=30, interval=1), (
+            supervisor_log(lab)[-3000:]
+        )
+        detected = time.monotonic() - since
+        degraded = status()
+        assert degraded.returncode != 0
+        assert waiting in degraded.stdout, degraded.stdout[-3000:]
+    finally:
+        labctl.node_exec("worker", f"ip link set {ifname} up")
+    back = time.monotonic()
+    seconds = healed(lab, key, back, bound=120, before=before)
+    record(
+        "worker fabric link down",
+        detected,
+        30,
+        f"reported naming {ifname}; healed {seconds:.0f} s after the link was back",
+    )

@@ -18,8 +18,10 @@ fixed argv.
 
 ``status`` prints one JSON object: the container's docker state (``missing`` when it does not
 exist), its exit code, start and finish times, restart count and OOM flag, the node's boot id
-(a reboot changes it), MemAvailable, and the time of the memory guard's last kill. ``start`` and
-``stop`` print one JSON line ``{"verb", "ok", "detail"}``. Exit 0 on success, 1 on failure.
+(a reboot changes it), MemAvailable, the time of the memory guard's last kill, and the state of
+the fabric link the ranks talk over (``fabric_ifname`` in the config: its sysfs operstate and
+carrier; null when none is configured). ``start`` and ``stop`` print one JSON line
+``{"verb", "ok", "detail"}``. Exit 0 on success, 1 on failure.
 
 Stdlib only, Python 3.10+. The docker output parsing is made of pure functions and the verbs
 take their command runner, clock and host name as parameters, so the unit tests run without
@@ -59,12 +61,17 @@ DOCKER_ZERO_TIME = "0001-01-01T00:00:00Z"
 NO_SUCH_CONTAINER_RE = re.compile(r"no such (container|object)", re.IGNORECASE)
 # Docker container names; checking the config against it keeps the name unable to pass as an option.
 CONTAINER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# Linux netdev names (the kernel's dev_valid_name): 1-15 characters, no '/', ':' or whitespace, and
+# not "." or "..". Checking the config against it keeps the name inside the sysfs directory.
+IFNAME_RE = re.compile(r"[^/:\s]{1,15}")
+# What the status says of a fabric interface that sysfs does not list.
+FABRIC_MISSING = "missing"
 # Only these states hold a process that `docker stop` has to end.
 STOPPABLE_STATES = frozenset({"running", "restarting", "paused"})
 # The exit code means something only once the process has exited at least once.
 EXITED_STATES = frozenset({"exited", "dead", "restarting"})
 
-CONFIG_KEYS = {"container", "state_dir", "docker", "meminfo", "boot_id"}
+CONFIG_KEYS = {"container", "state_dir", "docker", "meminfo", "boot_id", "fabric_ifname", "sysfs_net"}
 KILL_RECORD_NAME = "memguard-last-kill"
 
 
@@ -103,13 +110,16 @@ MISSING = ContainerFacts("missing", None, None, None, 0, False)
 
 @dataclass(frozen=True)
 class Config:
-    """The validated config file. meminfo and boot_id exist so tests can point them elsewhere."""
+    """The validated config file. meminfo, boot_id and sysfs_net exist so tests can point them
+    elsewhere; fabric_ifname None: no fabric to report."""
 
     container: str
     state_dir: Path
     docker: str = "docker"
     meminfo: Path = Path("/proc/meminfo")
     boot_id: Path = Path("/proc/sys/kernel/random/boot_id")
+    fabric_ifname: str | None = None
+    sysfs_net: Path = Path("/sys/class/net")
 
     @property
     def kill_record(self) -> Path:
@@ -155,9 +165,12 @@ def load_config(text: str) -> Config:
     # Root's home is not the deployment user's: a relative or ~ path would silently look elsewhere.
     if not isinstance(state_dir, str) or not state_dir.startswith("/"):
         problems.append(f"state_dir must be an absolute path, got {state_dir!r}")
-    for key in ("docker", "meminfo", "boot_id"):
+    for key in ("docker", "meminfo", "boot_id", "sysfs_net"):
         if key in doc and (not isinstance(doc[key], str) or not doc[key]):
             problems.append(f"{key} must be a non-empty string, got {doc[key]!r}")
+    fabric_ifname = doc.get("fabric_ifname")
+    if fabric_ifname is not None and not valid_ifname(fabric_ifname):
+        problems.append(f"fabric_ifname must be a network interface name, got {fabric_ifname!r}")
     if problems:
         raise Refused("bad config: " + "; ".join(problems))
     defaults = Config(container="x", state_dir=Path("/"))
@@ -167,7 +180,14 @@ def load_config(text: str) -> Config:
         docker=doc.get("docker", defaults.docker),
         meminfo=Path(doc["meminfo"]) if "meminfo" in doc else defaults.meminfo,
         boot_id=Path(doc["boot_id"]) if "boot_id" in doc else defaults.boot_id,
+        fabric_ifname=fabric_ifname,
+        sysfs_net=Path(doc["sysfs_net"]) if "sysfs_net" in doc else defaults.sysfs_net,
     )
+
+
+def valid_ifname(name: Any) -> bool:
+    """Whether ``name`` is a name Linux accepts for a network interface."""
+    return isinstance(name, str) and bool(IFNAME_RE.fullmatch(name)) and name not in (".", "..")
 
 
 def _docker_time(value: Any) -> str | None:
@@ -236,6 +256,27 @@ def parse_kill_record(text: str) -> float:
     return value
 
 
+def parse_carrier(text: str) -> int:
+    """The link's carrier from sysfs (1 up, 0 down); ValueError when it is not one integer."""
+    return int(text.strip())
+
+
+def fabric_status(ifname: str, operstate: str | None, carrier: int | None) -> dict[str, Any]:
+    """The status's "fabric" entry; operstate None: sysfs does not list the interface.
+
+    Up means operstate "up" and carrier 1: the kernel updates operstate a moment after the carrier
+    changes (linkwatch), so for that moment the two disagree.
+    """
+    if operstate is None:
+        return {"ifname": ifname, "operstate": FABRIC_MISSING, "carrier": None, "up": False}
+    return {
+        "ifname": ifname,
+        "operstate": operstate,
+        "carrier": carrier,
+        "up": operstate == "up" and carrier == 1,
+    }
+
+
 def status_document(
     *,
     node: str,
@@ -246,8 +287,10 @@ def status_document(
     memguard_last_kill: float | None,
     now: float,
     error: str | None = None,
+    fabric: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The status JSON. facts None (docker did not answer) reports state "unknown" and the error."""
+    """The status JSON. facts None (docker did not answer) reports state "unknown" and the error;
+    fabric None: no fabric interface is configured."""
     doc: dict[str, Any] = {
         "node": node,
         "container": container,
@@ -260,6 +303,7 @@ def status_document(
         "boot_id": boot_id,
         "mem_available_bytes": mem_available,
         "memguard_last_kill": memguard_last_kill,
+        "fabric": fabric,
         "time": now,
     }
     if error is not None:
@@ -325,6 +369,23 @@ def read_kill_record(path: Path) -> float | None:
             return None
 
 
+def read_fabric(sysfs_net: Path, ifname: str) -> dict[str, Any]:
+    """The status's fabric entry from ``<sysfs_net>/<ifname>/{operstate,carrier}``."""
+    device = sysfs_net / ifname
+    try:
+        operstate = (device / "operstate").read_text(encoding="ascii", errors="replace").strip() or "unknown"
+    except OSError:
+        if not device.exists():  # no such interface: renamed, or its driver is gone
+            return fabric_status(ifname, None, None)
+        operstate = "unknown"  # listed, but its state cannot be read
+    carrier: int | None
+    try:
+        carrier = parse_carrier((device / "carrier").read_text(encoding="ascii", errors="replace"))
+    except (OSError, ValueError):  # the kernel answers EINVAL while the link is administratively down
+        carrier = None
+    return fabric_status(ifname, operstate, carrier)
+
+
 def inspect(config: Config, run: Runner) -> ContainerFacts:
     """The container's facts; DockerError when docker does not give them."""
     result = run([config.docker, "inspect", "--type", "container", config.container], INSPECT_TIMEOUT)
@@ -348,6 +409,7 @@ def do_status(config: Config, run: Runner, *, hostname: str, clock: Callable[[],
         memguard_last_kill=read_kill_record(config.kill_record),
         now=clock(),
         error=error,
+        fabric=None if config.fabric_ifname is None else read_fabric(config.sysfs_net, config.fabric_ifname),
     )
     return (EXIT_OK if facts is not None else EXIT_FAILED), doc
 
@@ -407,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dsv41_rankctl",
         description="Status, start or stop this node's dsv41 rank container (and nothing else).",
     )
-    parser.add_argument("--config", required=True, help="JSON config: container, state_dir, docker")
+    parser.add_argument(
+        "--config", required=True, help="JSON config: container, state_dir, docker, fabric_ifname"
+    )
     parser.add_argument(
         "verb", nargs="?", default=None, help="status, start or stop (default: $SSH_ORIGINAL_COMMAND)"
     )

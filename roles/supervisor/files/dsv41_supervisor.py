@@ -10,8 +10,10 @@ and restarts the whole group in order when it must: stop the head, stop the work
 workers, start the head.
 
 Around that: a memory-guard kill stops the whole group and waits for memory before starting it
-again (a lone survivor only wastes memory); failed starts back off, doubling, and after
-``max_attempts`` in a row the supervisor gives up and says why; while a deployment run holds
+again (a lone survivor only wastes memory); a node whose fabric link is down (rankctl reads the
+interface's operstate and carrier) stops the whole group too, until every link is up again (no
+rank works without it, and that is no failed attempt); failed starts back off, doubling, and
+after ``max_attempts`` in a row the supervisor gives up and says why; while a deployment run holds
 ``<state_dir>/deployment.lock`` it acts on nothing; on its first look after it starts it adopts
 a group that is already serving instead of restarting it. Every decision is logged with its
 reason (stdout for journald, and a size-rotated ``supervisor.log``), and
@@ -47,6 +49,8 @@ from typing import Any, NamedTuple
 
 GIB = 1024**3
 MIB = 1024**2
+
+UNREACHABLE = "unreachable"  # the rank state of a node whose rankctl gave no status
 
 LOCK_NAME = "deployment.lock"
 STATE_NAME = "supervisor-state.json"
@@ -92,6 +96,7 @@ class State(enum.Enum):
     STARTING = "starting"  # started (or adopted) and not yet serving
     RESTARTING = "restarting"  # only while the restart steps run
     MEMORY_WAIT = "memory_wait"  # stopped after a memory-guard kill, waiting for memory
+    FABRIC_WAIT = "fabric_wait"  # stopped because a node's fabric link is down, waiting for it
     BACKOFF = "backoff"  # an attempt failed; the next restart waits
     GAVE_UP = "gave_up"  # max_attempts failed in a row; acts on nothing until the service restarts
     PAUSED = "paused"  # a deployment run holds the lock
@@ -102,7 +107,7 @@ class Action(enum.Enum):
     NONE = "none"
     ADOPT = "adopt"  # take the running group as the reference, without touching it
     RESTART = "restart"  # stop head, stop workers, start workers, start head
-    STOP = "stop"  # stop head, stop workers (memory)
+    STOP = "stop"  # stop head, stop workers (memory, fabric)
 
 
 class Probe(enum.Enum):
@@ -211,8 +216,18 @@ class Settings:
         )
 
 
+class Fabric(NamedTuple):
+    """A node's fabric link as rankctl read it from sysfs; up: operstate "up" and carrier 1."""
+
+    ifname: str
+    operstate: str
+    carrier: int | None
+    up: bool
+
+
 class RankStatus(NamedTuple):
-    """One node's rank as rankctl reported it; state "unreachable" when rankctl gave no status."""
+    """One node's rank as rankctl reported it; state "unreachable" when rankctl gave no status.
+    fabric None: the node said nothing of its fabric (none configured, or no status at all)."""
 
     node: str
     rank: int
@@ -226,10 +241,15 @@ class RankStatus(NamedTuple):
     mem_available: int | None = None
     memguard_last_kill: float | None = None
     detail: str = ""
+    fabric: Fabric | None = None
 
     @property
     def running(self) -> bool:
         return self.state == "running"
+
+    @property
+    def unreachable(self) -> bool:
+        return self.state == UNREACHABLE
 
 
 class Metrics(NamedTuple):
@@ -499,6 +519,19 @@ def _optional(value: Any, kind: type) -> Any:
     return value if isinstance(value, kind) else None
 
 
+def parse_fabric(value: Any) -> Fabric | None:
+    """The status's fabric entry; None (no fabric information) when absent, null or malformed."""
+    if not isinstance(value, dict) or not isinstance(value.get("ifname"), str) or not value["ifname"]:
+        return None
+    operstate = value.get("operstate")
+    return Fabric(
+        ifname=_one_line(value["ifname"], 40),
+        operstate=_one_line(operstate, 40) if isinstance(operstate, str) and operstate else "unknown",
+        carrier=_optional(value.get("carrier"), int),
+        up=value.get("up") is True,
+    )
+
+
 def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
     """A node's status from its rankctl output; "unreachable" when there is no status document.
 
@@ -513,7 +546,7 @@ def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
     if not isinstance(doc, dict) or not isinstance(doc.get("state"), str):
         why = result.stderr.strip() or result.stdout.strip() or "no output"
         return RankStatus(
-            node.name, node.rank, "unreachable", detail=_one_line(f"rc={result.returncode}: {why}")
+            node.name, node.rank, UNREACHABLE, detail=_one_line(f"rc={result.returncode}: {why}")
         )
     return RankStatus(
         node=node.name,
@@ -528,6 +561,7 @@ def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
         mem_available=_optional(doc.get("mem_available_bytes"), int),
         memguard_last_kill=_optional(doc.get("memguard_last_kill"), float),
         detail=_one_line(str(doc.get("error", ""))),
+        fabric=parse_fabric(doc.get("fabric")),
     )
 
 
@@ -669,6 +703,22 @@ def memory_short(obs: Observation, needed: int) -> list[RankStatus]:
     return [r for r in obs.ranks if r.mem_available is None or r.mem_available < needed]
 
 
+def fabric_down(obs: Observation) -> list[tuple[str, Fabric]]:
+    """The nodes whose fabric link is not up, with it, in rank order. A node that says nothing of
+    its fabric (none configured, an older rankctl, unreachable) is not among them."""
+    return [(r.node, r.fabric) for r in obs.ranks if r.fabric is not None and not r.fabric.up]
+
+
+def fabric_wait_reason(down: Sequence[tuple[str, Fabric]]) -> str:
+    """Every link that is down, as its node said; operstate "up" without carrier 1 is the moment
+    before the kernel's linkwatch catches up with a carrier lost."""
+    links = []
+    for node, fabric in down:
+        words = fabric.operstate if fabric.operstate != "up" else "up without carrier"
+        links.append(f"fabric {fabric.ifname} on {node} is {words}")
+    return f"{', '.join(links)}: waiting for the link"
+
+
 def failed_attempt(attempts: int, reason: str, now: float, settings: Settings) -> Decision:
     """One more failed attempt: back off, or give up after max_attempts in a row."""
     attempts += 1
@@ -728,6 +778,12 @@ def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Setting
             attempts,
         )
     return Decision(Action.STOP, State.MEMORY_WAIT, reason, attempts)
+
+
+def _fabric_stop(down: Sequence[tuple[str, Fabric]], memory: Memory) -> Decision:
+    """No rank can work without its fabric and a restart would only fail: stop the group and wait
+    for the links. Not a failed attempt: nothing the supervisor did or can do went wrong."""
+    return Decision(Action.STOP, State.FABRIC_WAIT, fabric_wait_reason(down), memory.attempts)
 
 
 def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
@@ -800,6 +856,9 @@ def _decide_backoff(_obs: Observation, memory: Memory, now: float, _settings: Se
 def _decide_memory_wait(obs: Observation, memory: Memory, _now: float, settings: Settings) -> Decision:
     if memory_short(obs, settings.memory_needed):
         return Decision(Action.NONE, State.MEMORY_WAIT, memory.reason, memory.attempts)
+    down = fabric_down(obs)
+    if down:  # the group is stopped already: the start waits for the links too
+        return Decision(Action.NONE, State.FABRIC_WAIT, fabric_wait_reason(down), memory.attempts)
     lowest = min(obs.ranks, key=lambda r: r.mem_available or 0)
     reason = (
         f"memory back: every node has >= {format_gib(settings.memory_needed)} available"
@@ -808,12 +867,37 @@ def _decide_memory_wait(obs: Observation, memory: Memory, _now: float, settings:
     return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
 
 
+def _decide_fabric_wait(obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
+    down = fabric_down(obs)
+    if down:
+        return Decision(Action.NONE, State.FABRIC_WAIT, fabric_wait_reason(down), memory.attempts)
+    if any(r.unreachable for r in obs.ranks):  # it may be reachable only over the fabric: not known up
+        return Decision(Action.NONE, State.FABRIC_WAIT, memory.reason, memory.attempts)
+    links = ", ".join(f"{r.node} {r.fabric.ifname}" for r in obs.ranks if r.fabric is not None)
+    reason = f"fabric back: every node's link is up{f' ({links})' if links else ''}: restarting the group"
+    return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
+
+
 # States in which the group's health does not matter: the supervisor is waiting for something else.
 _WAITING = {
     State.GAVE_UP: _decide_gave_up,
     State.BACKOFF: _decide_backoff,
     State.MEMORY_WAIT: _decide_memory_wait,
+    State.FABRIC_WAIT: _decide_fabric_wait,
 }
+# States the fabric rule leaves alone: gave_up acts on nothing, and in the waits the group is
+# stopped already (a memory wait that ends goes to fabric_wait while a link is down).
+_FABRIC_RULE_EXEMPT = frozenset({State.GAVE_UP, State.MEMORY_WAIT, State.FABRIC_WAIT})
+
+
+def _decide_group(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
+    """A group started or adopted: starting or healthy, unless the memory guard killed."""
+    killed = memguard_kill(obs, memory)
+    if killed is not None:  # before any restart: a restart now would be killed again
+        return _memory_stop(killed, memory, now, settings)
+    if memory.state is State.STARTING:
+        return _decide_starting(obs, memory, now, settings)
+    return _decide_healthy(obs, memory, now, settings)
 
 
 def decide(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
@@ -821,17 +905,15 @@ def decide(obs: Observation, memory: Memory, now: float, settings: Settings) -> 
     forward by track()) and the time. Pure: the caller does what it says."""
     if obs.lock is LockStatus.HELD:
         return _decide_paused(obs, settings)
+    down = fabric_down(obs)
+    if down and memory.state not in _FABRIC_RULE_EXEMPT:  # before adopting or restarting anything
+        return _fabric_stop(down, memory)
     if memory.needs_adoption:
         return _adopt(obs)
     waiting = _WAITING.get(memory.state)
     if waiting is not None:
         return waiting(obs, memory, now, settings)
-    killed = memguard_kill(obs, memory)
-    if killed is not None:  # before any restart: a restart now would be killed again
-        return _memory_stop(killed, memory, now, settings)
-    if memory.state is State.STARTING:
-        return _decide_starting(obs, memory, now, settings)
-    return _decide_healthy(obs, memory, now, settings)
+    return _decide_group(obs, memory, now, settings)
 
 
 def restart_plan(settings: Settings) -> list[Step]:
@@ -868,6 +950,7 @@ def rank_summary(rank: RankStatus) -> dict[str, Any]:
         "mem_available_bytes": rank.mem_available,
         "memguard_last_kill": rank.memguard_last_kill,
         "detail": rank.detail,
+        "fabric": None if rank.fabric is None else rank.fabric._asdict(),
     }
 
 
@@ -1143,8 +1226,11 @@ class Supervisor:
         if not ok:  # the restart after the wait stops again; say so now
             self.log.write("error", f"stopping the group: {failure}")
         now = self.clock()
+        # needs_adoption off: a stopped group is not adopted; the wait decides when it starts.
         return dataclasses.replace(
-            self.enter(memory, decision, now), last_action=(now, Action.STOP.value, decision.reason)
+            self.enter(memory, decision, now),
+            needs_adoption=False,
+            last_action=(now, Action.STOP.value, decision.reason),
         )
 
     @staticmethod

@@ -8,6 +8,8 @@ it), /proc by files in tmp_path, so nothing here needs root, docker or ssh.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import importlib.util
 import json
 import os
@@ -38,6 +40,7 @@ KIB = 1024
 BOOT_ID = "3f0c2b8e-5d1a-4c7e-9b26-8e4f1a0d7c53"
 MEMINFO = "MemTotal:       124546616 kB\nMemFree:          912480 kB\nMemAvailable:    2411724 kB\n"
 NOW = 1_764_579_600.25
+IFNAME = "enp1s0f1np1"
 
 
 def inspect_output(name: str) -> rc.CommandResult:
@@ -158,6 +161,24 @@ def test_load_config_full() -> None:
     )
     config = rc.load_config(text)
     assert (config.container, config.docker, config.meminfo) == ("dsv41-r0", "/usr/bin/docker", Path("/m"))
+    assert (config.fabric_ifname, config.sysfs_net) == (None, Path("/sys/class/net"))
+
+
+@pytest.mark.parametrize(
+    "ifname",
+    [
+        pytest.param(IFNAME, id="connectx-port"),
+        pytest.param("enP2p1s0f1np1", id="second-half"),
+        pytest.param("a" * 15, id="fifteen-chars"),
+        pytest.param("bond0.100", id="dot-and-digits"),
+        pytest.param("x", id="one-char"),
+        pytest.param(None, id="null-is-none"),
+    ],
+)
+def test_load_config_fabric(ifname: str | None) -> None:
+    text = json.dumps({"container": "x", "state_dir": "/s", "fabric_ifname": ifname, "sysfs_net": "/f/net"})
+    config = rc.load_config(text)
+    assert (config.fabric_ifname, config.sysfs_net) == (ifname, Path("/f/net"))
 
 
 @pytest.mark.parametrize(
@@ -176,10 +197,36 @@ def test_load_config_full() -> None:
         pytest.param(
             '{"container": "x", "state_dir": "/s", "shell": "sh"}', "unknown key 'shell'", id="unknown"
         ),
+        pytest.param(
+            '{"container": "x", "state_dir": "/s", "sysfs_net": ""}', "sysfs_net must be", id="empty-sysfs"
+        ),
     ],
 )
 def test_load_config_refuses_bad_configs(text: str, message: str) -> None:
     with pytest.raises(rc.Refused, match=message):
+        rc.load_config(text)
+
+
+@pytest.mark.parametrize(
+    "ifname",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("a" * 16, id="sixteen-chars"),
+        pytest.param("../../etc", id="path"),
+        pytest.param("en/p1", id="slash"),
+        pytest.param("enp 1", id="space"),
+        pytest.param("enp1\n", id="newline"),
+        pytest.param("enp1\t", id="tab"),
+        pytest.param("eth0:1", id="colon"),
+        pytest.param(".", id="dot"),
+        pytest.param("..", id="dot-dot"),
+        pytest.param(7, id="number"),
+        pytest.param(["enp1"], id="list"),
+    ],
+)
+def test_load_config_refuses_bad_fabric_ifnames(ifname: object) -> None:
+    text = json.dumps({"container": "x", "state_dir": "/s", "fabric_ifname": ifname})
+    with pytest.raises(rc.Refused, match="fabric_ifname must be a network interface name"):
         rc.load_config(text)
 
 
@@ -276,6 +323,7 @@ def test_status_of_a_running_rank(config: rc.Config) -> None:
         "boot_id": BOOT_ID,
         "mem_available_bytes": 2411724 * KIB,
         "memguard_last_kill": None,
+        "fabric": None,
         "time": NOW,
     }
     assert docker.calls == [(["docker", "inspect", "--type", "container", "dsv41-r1"], rc.INSPECT_TIMEOUT)]
@@ -322,6 +370,108 @@ def test_status_with_unreadable_proc_files(config: rc.Config, tmp_path: Path) ->
     )
     _, doc = status(config, FakeDocker(inspect_output("running")))
     assert (doc["boot_id"], doc["mem_available_bytes"]) == (None, None)
+
+
+# --------------------------------------------------------------------------------------------
+# The fabric link, from a fake sysfs tree
+# --------------------------------------------------------------------------------------------
+
+EINVAL = "EINVAL"  # a carrier file the kernel refuses to read: the link is administratively down
+NO_FILE = "no file"  # the interface is listed, without that file
+
+
+def fake_sysfs_net(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operstate: str | None, carrier: object
+) -> Path:
+    """``<tmp>/sys/class/net`` with lo and, unless operstate is None, IFNAME's operstate and carrier."""
+    net = tmp_path / "sys" / "class" / "net"
+    (net / "lo").mkdir(parents=True)
+    (net / "lo" / "operstate").write_text("unknown\n")  # another interface: only IFNAME counts
+    (net / "lo" / "carrier").write_text("1\n")
+    if operstate is None:
+        return net
+    device = net / IFNAME
+    device.mkdir()
+    if operstate != NO_FILE:
+        (device / "operstate").write_text(f"{operstate}\n")
+    if carrier == EINVAL:
+        (device / "carrier").write_text("1\n")  # readable, it would say up: only the error says otherwise
+        real_read_text = Path.read_text
+
+        def read_text(path: Path, *args: object, **kwargs: object) -> str:
+            if path == device / "carrier":
+                raise OSError(errno.EINVAL, "Invalid argument", str(path))
+            return real_read_text(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Path, "read_text", read_text)
+    elif carrier != NO_FILE:
+        (device / "carrier").write_text(f"{carrier}\n")
+    return net
+
+
+@pytest.mark.parametrize(
+    ("operstate", "carrier", "expected"),
+    [
+        pytest.param("up", 1, ("up", 1, True), id="up"),
+        pytest.param("down", 0, ("down", 0, False), id="cable-out"),
+        pytest.param("down", EINVAL, ("down", None, False), id="administratively-down-einval"),
+        pytest.param("lowerlayerdown", 0, ("lowerlayerdown", 0, False), id="lowerlayerdown"),
+        pytest.param("up", 0, ("up", 0, False), id="up-without-carrier"),
+        pytest.param("dormant", 1, ("dormant", 1, False), id="dormant"),
+        pytest.param("unknown", 1, ("unknown", 1, False), id="operstate-unknown"),
+        pytest.param("up", "garbage", ("up", None, False), id="carrier-garbage"),
+        pytest.param("up", NO_FILE, ("up", None, False), id="no-carrier-file"),
+        pytest.param(NO_FILE, 1, ("unknown", 1, False), id="no-operstate-file"),
+        pytest.param("", 1, ("unknown", 1, False), id="empty-operstate"),
+        pytest.param(None, None, ("missing", None, False), id="missing-interface"),
+    ],
+)
+def test_read_fabric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, operstate, carrier, expected: tuple
+) -> None:
+    net = fake_sysfs_net(tmp_path, monkeypatch, operstate, carrier)
+    got = rc.read_fabric(net, IFNAME)
+    assert got == dict(zip(("ifname", "operstate", "carrier", "up"), (IFNAME, *expected), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("link", "expected"),
+    [
+        pytest.param(("up", 1), {"ifname": IFNAME, "operstate": "up", "carrier": 1, "up": True}, id="up"),
+        pytest.param(
+            ("down", EINVAL),
+            {"ifname": IFNAME, "operstate": "down", "carrier": None, "up": False},
+            id="administratively-down",
+        ),
+        pytest.param(
+            (None, None),
+            {"ifname": IFNAME, "operstate": "missing", "carrier": None, "up": False},
+            id="missing",
+        ),
+    ],
+)
+@pytest.mark.parametrize("docker_answers", [True, False], ids=["docker-answers", "docker-down"])
+def test_status_reports_the_fabric(
+    config: rc.Config,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    link: tuple,
+    expected: dict,
+    *,
+    docker_answers: bool,
+) -> None:
+    net = fake_sysfs_net(tmp_path, monkeypatch, *link)
+    config = dataclasses.replace(config, fabric_ifname=IFNAME, sysfs_net=net)
+    code, doc = status(config, FakeDocker(inspect_output("running") if docker_answers else DAEMON_DOWN))
+    assert code == (0 if docker_answers else 1)  # the fabric never changes the exit code
+    assert doc["fabric"] == expected
+    json.dumps(doc, allow_nan=False)
+
+
+def test_status_without_a_fabric_reads_no_sysfs(config: rc.Config, tmp_path: Path) -> None:
+    config = dataclasses.replace(config, sysfs_net=tmp_path / "nowhere")
+    _, doc = status(config, FakeDocker(inspect_output("running")))
+    assert doc["fabric"] is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -473,6 +623,37 @@ def run_program(config_path: Path, *args: str, ssh: str | None = None) -> subpro
         env["SSH_ORIGINAL_COMMAND"] = ssh
     argv = [sys.executable, str(PROGRAM), "--config", str(config_path), *args]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize(
+    ("operstate", "carrier", "expected"),
+    [
+        pytest.param("up", "1", {"ifname": IFNAME, "operstate": "up", "carrier": 1, "up": True}, id="up"),
+        pytest.param(
+            "lowerlayerdown",
+            "0",
+            {"ifname": IFNAME, "operstate": "lowerlayerdown", "carrier": 0, "up": False},
+            id="lowerlayerdown",
+        ),
+        pytest.param(
+            None, None, {"ifname": IFNAME, "operstate": "missing", "carrier": None, "up": False}, id="missing"
+        ),
+    ],
+)
+def test_forced_command_status_reports_the_fabric(
+    installed: Path, tmp_path: Path, operstate: str | None, carrier: str | None, expected: dict
+) -> None:
+    net = tmp_path / "sysfs" / "class" / "net"
+    net.mkdir(parents=True)
+    if operstate is not None:
+        (net / IFNAME).mkdir()
+        (net / IFNAME / "operstate").write_text(f"{operstate}\n")
+        (net / IFNAME / "carrier").write_text(f"{carrier}\n")
+    doc = json.loads(installed.read_text())
+    installed.write_text(json.dumps({**doc, "fabric_ifname": IFNAME, "sysfs_net": str(net)}))
+    done = run_program(installed, ssh="status")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fabric"] == expected
 
 
 def test_forced_command_status_from_ssh_original_command(installed: Path) -> None:

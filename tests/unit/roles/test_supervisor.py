@@ -30,11 +30,12 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROGRAM = REPO_ROOT / "roles" / "supervisor" / "files" / "dsv41_supervisor.py"
+RANKCTL = REPO_ROOT / "roles" / "supervisor" / "files" / "dsv41_rankctl.py"
 FIXTURES = REPO_ROOT / "tests" / "unit" / "fixtures" / "supervisor"
 
 
-def _load_program():
-    spec = importlib.util.spec_from_file_location("dsv41_supervisor", PROGRAM)
+def _load_program(name: str = "dsv41_supervisor", path: Path = PROGRAM):
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
@@ -50,6 +51,8 @@ MODEL = "deepseek-v4.1-flash"
 HEAD_ARGV = ["/usr/bin/python3", "/usr/local/lib/sparkserve-dsv41/dsv41_rankctl.py", "--config"]
 NAMES = ["spark-a", "spark-b", "spark-c"]
 IPS = {"spark-b": "198.18.0.11", "spark-c": "198.18.0.12"}
+IFNAME = "enp1s0f1np1"
+ABSENT = object()  # a status without the "fabric" key (a rankctl from before it)
 
 
 def rankctl_argv(name: str) -> list[str]:
@@ -171,9 +174,19 @@ class FakeNode:
         self.memguard_last_kill: float | None = None
         self.unreachable = False
         self.fail: set[str] = set()
+        self.fabric: Any = ABSENT
+
+    def link(self, operstate: str, carrier: int | None) -> None:
+        """The fabric link as rankctl reads it from sysfs."""
+        self.fabric = {
+            "ifname": IFNAME,
+            "operstate": operstate,
+            "carrier": carrier,
+            "up": operstate == "up" and carrier == 1,
+        }
 
     def status(self) -> dict[str, Any]:
-        return {
+        doc = {
             "node": self.name,
             "container": f"dsv41-r{self.rank}",
             "state": self.state,
@@ -187,6 +200,9 @@ class FakeNode:
             "memguard_last_kill": self.memguard_last_kill,
             "time": self.clock.now,
         }
+        if self.fabric is not ABSENT:
+            doc["fabric"] = self.fabric
+        return doc
 
     def die(self, code: int = 137, *, oom: bool = False) -> None:
         self.state, self.exit_code, self.oom_killed = "exited", code, oom
@@ -522,6 +538,80 @@ def test_parse_rank_status_failures(result: Any, state: str, detail: str) -> Non
     assert (status.node, status.rank, status.state) == ("spark-b", 1, state)
     assert detail in status.detail
     assert not status.running
+
+
+@pytest.mark.parametrize(
+    ("fabric", "expected"),
+    [
+        pytest.param(ABSENT, None, id="absent"),
+        pytest.param(None, None, id="null"),
+        pytest.param(
+            {"ifname": IFNAME, "operstate": "up", "carrier": 1, "up": True},
+            sup.Fabric(IFNAME, "up", 1, True),
+            id="up",
+        ),
+        pytest.param(
+            {"ifname": IFNAME, "operstate": "down", "carrier": None, "up": False},
+            sup.Fabric(IFNAME, "down", None, False),
+            id="administratively-down",
+        ),
+        pytest.param(
+            {"ifname": IFNAME, "operstate": "missing", "carrier": None, "up": False},
+            sup.Fabric(IFNAME, "missing", None, False),
+            id="missing",
+        ),
+        pytest.param(
+            {"ifname": IFNAME, "operstate": "up", "carrier": True, "up": "yes"},
+            sup.Fabric(IFNAME, "up", None, False),
+            id="only-true-is-up",
+        ),
+        pytest.param(
+            {"ifname": "enp1\nforged line", "operstate": "down\x1b[2J", "carrier": 0, "up": False},
+            sup.Fabric("enp1 forged line", "down [2J", 0, False),
+            id="one-line-for-the-log",
+        ),
+        pytest.param(
+            {"ifname": IFNAME, "up": False}, sup.Fabric(IFNAME, "unknown", None, False), id="sparse"
+        ),
+        pytest.param({"operstate": "down", "up": False}, None, id="no-ifname"),
+        pytest.param("down", None, id="not-an-object"),
+    ],
+)
+def test_parse_rank_status_fabric(fabric: Any, expected: Any) -> None:
+    doc: dict[str, Any] = {"state": "running", "started_at": "2026-12-01T08:03:17Z", "boot_id": "b1"}
+    if fabric is not ABSENT:
+        doc["fabric"] = fabric
+    status = sup.parse_rank_status(NODE_B, sup.CommandResult(0, json.dumps(doc) + "\n", ""))
+    assert status.fabric == expected
+    assert sup.rank_summary(status)["fabric"] == (None if expected is None else expected._asdict())
+
+
+@pytest.mark.parametrize(
+    ("link", "expected"),
+    [
+        pytest.param(("up", 1), sup.Fabric(IFNAME, "up", 1, True), id="up"),
+        pytest.param(("down", None), sup.Fabric(IFNAME, "down", None, False), id="administratively-down"),
+        pytest.param(
+            ("lowerlayerdown", 0), sup.Fabric(IFNAME, "lowerlayerdown", 0, False), id="lowerlayerdown"
+        ),
+        pytest.param((None, None), sup.Fabric(IFNAME, "missing", None, False), id="missing"),
+    ],
+)
+def test_the_fabric_rankctl_reports_is_the_fabric_the_supervisor_reads(link: tuple, expected: Any) -> None:
+    """The contract between the two programs, with rankctl's own functions writing the document."""
+    rankctl = _load_program("dsv41_rankctl_contract", RANKCTL)
+    doc = rankctl.status_document(
+        node="spark-b",
+        container="dsv41-r1",
+        facts=rankctl.MISSING,
+        boot_id="b1",
+        mem_available=GIB,
+        memguard_last_kill=None,
+        now=T0,
+        fabric=rankctl.fabric_status(IFNAME, *link),
+    )
+    status = sup.parse_rank_status(NODE_B, sup.CommandResult(0, json.dumps(doc) + "\n", ""))
+    assert status.fabric == expected
 
 
 @pytest.mark.parametrize(
@@ -928,6 +1018,238 @@ def test_memguard_kill_at_the_last_attempt_stops_and_gives_up() -> None:
     assert (decision.action, decision.state, decision.attempts) == (sup.Action.STOP, sup.State.GAVE_UP, 5)
 
 
+LINK_UP = sup.Fabric(IFNAME, "up", 1, True)
+LINK_DOWN = sup.Fabric(IFNAME, "down", 0, False)
+LINK_ADMIN_DOWN = sup.Fabric(IFNAME, "down", None, False)  # carrier unreadable (EINVAL)
+LINK_LOWER = sup.Fabric(IFNAME, "lowerlayerdown", 0, False)
+LINK_MISSING = sup.Fabric(IFNAME, "missing", None, False)
+LINK_NO_CARRIER = sup.Fabric(IFNAME, "up", 0, False)
+B_DOWN = f"fabric {IFNAME} on spark-b is down: waiting for the link"
+BOTH_UP = (rank("spark-a", fabric=LINK_UP), rank("spark-b", fabric=LINK_UP))
+FABRIC_BACK = (
+    f"fabric back: every node's link is up (spark-a {IFNAME}, spark-b {IFNAME}): restarting the group"
+)
+
+
+def b_link(link: Any, state: str = "running", **fields: Any) -> Any:
+    return rank("spark-b", state, fabric=link, **fields)
+
+
+@pytest.mark.parametrize(
+    ("observation", "memory", "expected"),
+    [
+        # A link goes down: stop the group once and wait, whatever the group was doing.
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN)),
+            mem(),
+            ("stop", "fabric_wait", 0, B_DOWN),
+            id="healthy-worker-link-down",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_ADMIN_DOWN)),
+            mem(),
+            ("stop", "fabric_wait", 0, B_DOWN),
+            id="administratively-down",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_DOWN), rank("spark-b", fabric=LINK_UP)),
+            mem(),
+            ("stop", "fabric_wait", 0, f"fabric {IFNAME} on spark-a is down: waiting for the link"),
+            id="head-link-down",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_DOWN), b_link(LINK_LOWER)),
+            mem(),
+            (
+                "stop",
+                "fabric_wait",
+                0,
+                f"fabric {IFNAME} on spark-a is down, fabric {IFNAME} on spark-b is lowerlayerdown:"
+                " waiting for the link",
+            ),
+            id="every-node-down-is-named",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_MISSING)),
+            mem(),
+            ("stop", "fabric_wait", 0, f"fabric {IFNAME} on spark-b is missing: waiting for the link"),
+            id="interface-missing",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_NO_CARRIER)),
+            mem(),
+            (
+                "stop",
+                "fabric_wait",
+                0,
+                f"fabric {IFNAME} on spark-b is up without carrier: waiting for the link",
+            ),
+            id="up-without-carrier",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), b_link(LINK_DOWN)),
+            mem(),
+            ("stop", "fabric_wait", 0, B_DOWN),
+            id="other-node-says-nothing",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN, "exited", exit_code=1)),
+            mem(),
+            ("stop", "fabric_wait", 0, B_DOWN),
+            id="before-the-lost-rank",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN), metrics=sup.Metrics(2.0, 0.0, 5000.0)),
+            mem(last_progress=NOW - 600),
+            ("stop", "fabric_wait", 0, B_DOWN),
+            id="before-the-hang",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN, memguard_last_kill=T0 + 1)),
+            mem(),
+            ("stop", "fabric_wait", 0, B_DOWN),
+            id="before-the-memory-guard",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN), health=None),
+            mem(sup.State.STARTING, group_started=NOW - 60, attempts=2),
+            ("stop", "fabric_wait", 2, B_DOWN),
+            id="while-starting-no-failed-attempt",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN, "exited")),
+            mem(sup.State.BACKOFF, backoff_until=NOW + 100, attempts=3),
+            ("stop", "fabric_wait", 3, B_DOWN),
+            id="during-backoff",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN)),
+            sup.Memory(since=NOW),
+            ("stop", "fabric_wait", 0, B_DOWN),
+            id="first-look-does-not-adopt",
+        ),
+        # The wait.
+        pytest.param(
+            obs(rank("spark-a", "exited", fabric=LINK_UP), b_link(LINK_DOWN, "exited"), health=None),
+            mem(sup.State.FABRIC_WAIT, reason=B_DOWN, attempts=1),
+            ("none", "fabric_wait", 1, B_DOWN),
+            id="still-down",
+        ),
+        pytest.param(
+            obs(rank("spark-a", "exited", fabric=LINK_UP), b_link(LINK_LOWER, "exited"), health=None),
+            mem(sup.State.FABRIC_WAIT, reason=B_DOWN),
+            ("none", "fabric_wait", 0, f"fabric {IFNAME} on spark-b is lowerlayerdown: waiting for the link"),
+            id="still-down-says-how",
+        ),
+        pytest.param(
+            obs(rank("spark-a", "exited", fabric=LINK_UP), UNREACHABLE, health=None),
+            mem(sup.State.FABRIC_WAIT, reason=B_DOWN),
+            ("none", "fabric_wait", 0, B_DOWN),
+            id="unreachable-keeps-waiting",
+        ),
+        pytest.param(
+            obs(rank("spark-a", "exited", fabric=LINK_DOWN), UNREACHABLE, health=None),
+            mem(sup.State.FABRIC_WAIT, reason=B_DOWN),
+            ("none", "fabric_wait", 0, f"fabric {IFNAME} on spark-a is down: waiting for the link"),
+            id="unreachable-and-another-down",
+        ),
+        pytest.param(
+            obs(rank("spark-a", "exited", fabric=LINK_UP), b_link(LINK_UP, "exited"), health=None),
+            mem(sup.State.FABRIC_WAIT, reason=B_DOWN, attempts=1),
+            ("restart", "starting", 1, FABRIC_BACK),
+            id="back-up-restarts",
+        ),
+        pytest.param(
+            obs(rank("spark-a", "exited", fabric=LINK_UP), rank("spark-b", "exited"), health=None),
+            mem(sup.State.FABRIC_WAIT, reason=B_DOWN),
+            (
+                "restart",
+                "starting",
+                0,
+                f"fabric back: every node's link is up (spark-a {IFNAME}): restarting the group",
+            ),
+            id="back-a-node-says-nothing",
+        ),
+        # Where the fabric rule does not act.
+        pytest.param(
+            obs(
+                rank("spark-a", "exited", fabric=LINK_UP), b_link(LINK_DOWN, "exited", memguard_last_kill=T0)
+            ),
+            mem(sup.State.MEMORY_WAIT, reason="memory guard on spark-b killed", attempts=1),
+            ("none", "fabric_wait", 1, B_DOWN),
+            id="memory-back-then-waits-for-the-link",
+        ),
+        pytest.param(
+            obs(rank("spark-a", "exited", fabric=LINK_UP), b_link(LINK_DOWN, "exited", mem_available=GIB)),
+            mem(sup.State.MEMORY_WAIT, reason="memory guard on spark-b killed", attempts=1),
+            ("none", "memory_wait", 1, "memory guard on spark-b killed"),
+            id="memory-short-keeps-memory-wait",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN)),
+            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            ("none", "gave_up", 5, "gave up after 5"),
+            id="gave-up-acts-on-nothing",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_DOWN), lock=sup.LockStatus.HELD, lock_mtime=NOW),
+            mem(),
+            ("none", "paused", 0, "paused: /state/deployment.lock held"),
+            id="paused",
+        ),
+        # Every link up, or no fabric information: the rules as before.
+        pytest.param(obs(*BOTH_UP), mem(), ("none", "healthy", 0, "group healthy"), id="all-up-healthy"),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), b_link(LINK_UP, "exited", exit_code=1)),
+            mem(),
+            ("restart", "starting", 0, "lost rank 1 on spark-b: exited, exit code 1"),
+            id="all-up-lost-rank",
+        ),
+        pytest.param(
+            obs(rank("spark-a", fabric=LINK_UP), UNREACHABLE),
+            mem(),
+            ("restart", "starting", 0, "lost rank 1 on spark-b: unreachable"),
+            id="unreachable-outside-the-wait-is-a-lost-rank",
+        ),
+    ],
+)
+def test_decide_fabric(observation: Any, memory: Any, expected: tuple) -> None:
+    decision = sup.decide(observation, memory, NOW, SETTINGS)
+    action, state, attempts, reason = expected
+    assert (decision.action.value, decision.state.value, decision.attempts) == (action, state, attempts)
+    assert decision.reason.startswith(reason), decision.reason
+    if state == "fabric_wait":
+        assert decision.reason == reason and decision.backoff_until is None
+
+
+@pytest.mark.parametrize(
+    ("observation", "memory"),
+    [
+        pytest.param(obs(), mem(), id="healthy"),
+        pytest.param(obs(rank("spark-a"), EXITED), mem(), id="lost-rank"),
+        pytest.param(obs(rank("spark-a"), UNREACHABLE), mem(), id="unreachable"),
+        pytest.param(obs(metrics=sup.Metrics(2.0, 0.0, 5000.0)), mem(last_progress=NOW - 60), id="hang"),
+        pytest.param(
+            obs(health=None), mem(sup.State.STARTING, group_started=NOW - 600), id="startup-timeout"
+        ),
+        pytest.param(obs(rank("spark-a"), EXITED), sup.Memory(since=NOW), id="first-look"),
+        pytest.param(
+            obs(rank("spark-a"), rank("spark-b", memguard_last_kill=T0 + 1)), mem(), id="memguard-kill"
+        ),
+    ],
+)
+def test_without_fabric_information_the_decisions_are_unchanged(observation: Any, memory: Any) -> None:
+    """No node says anything of its fabric (null, or a rankctl without it): no fabric rule."""
+    with_null = obs(
+        *(r._replace(fabric=None) for r in observation.ranks),
+        health=observation.health,
+        metrics=observation.metrics,
+    )
+    decision = sup.decide(with_null, memory, NOW, SETTINGS)
+    assert decision == sup.decide(observation, memory, NOW, SETTINGS)
+    assert decision.state is not sup.State.FABRIC_WAIT
+
+
 def test_restart_and_stop_plans_order() -> None:
     settings = sup.load_settings(config_doc(Path("/s"), Path("/k"), nodes=3))
     assert [(s.verb, s.node.name) for s in sup.restart_plan(settings)] == [
@@ -1155,6 +1477,129 @@ def test_memory_guard_kill_stops_the_group_and_waits_for_memory(h: Harness) -> N
     assert h.sup.memory.state is sup.State.HEALTHY  # the old kill record predates this start
 
 
+@pytest.mark.parametrize(
+    ("link", "words"),
+    [
+        pytest.param(("down", None), "down", id="administratively-down"),
+        pytest.param(("down", 0), "down", id="cable-out"),
+        pytest.param(("lowerlayerdown", 0), "lowerlayerdown", id="lowerlayerdown"),
+        pytest.param(("missing", None), "missing", id="interface-gone"),
+    ],
+)
+@pytest.mark.parametrize("node", ["spark-a", "spark-b"])
+def test_fabric_down_stops_the_group_waits_then_restarts_it(
+    h: Harness, node: str, link: tuple, words: str
+) -> None:
+    for each in h.cluster.nodes.values():
+        each.link("up", 1)
+    h.adopt_healthy()
+    down = h.cluster.nodes[node]
+    down.link(*link)
+    h.tick()
+    reason = f"fabric {IFNAME} on {node} is {words}: waiting for the link"
+    assert h.cluster.actions() == [("spark-a", "stop"), ("spark-b", "stop")]
+    state = h.state()
+    assert (state["state"], state["reason"], state["attempts"]) == ("fabric_wait", reason, 0)
+    assert state["last_action"]["action"] == "stop" and state["last_action"]["reason"] == reason
+    assert h.log_lines("decision")[-1].endswith(f" decision fabric_wait action=stop: {reason}")
+    assert state["ranks"][down.rank]["fabric"] == {
+        "ifname": IFNAME,
+        "operstate": link[0],
+        "carrier": link[1],
+        "up": False,
+    }
+    # Still down: nothing more, and nothing more logged.
+    h.tick(30)
+    assert len(h.cluster.actions()) == 2 and h.sup.memory.state is sup.State.FABRIC_WAIT
+    assert len(h.log_lines("decision")) == 2  # the adoption, the stop
+    # The link comes back while the worker cannot be asked: it is not known to be up.
+    down.link("up", 1)
+    h.worker.unreachable = True
+    h.tick(5)
+    assert len(h.cluster.actions()) == 2 and h.state()["state"] == "fabric_wait"
+    assert h.state()["reason"] == reason
+    # Every link up: the usual restart, in order.
+    h.worker.unreachable = False
+    h.tick()
+    assert h.cluster.actions()[2:] == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+    assert h.log_lines("decision")[-1].endswith(
+        f" decision starting action=restart: fabric back: every node's link is up"
+        f" (spark-a {IFNAME}, spark-b {IFNAME}): restarting the group"
+    )
+    h.tick()
+    assert (h.state()["state"], h.state()["attempts"]) == ("healthy", 0)
+    assert [r["fabric"]["up"] for r in h.state()["ranks"]] == [True, True]
+
+
+def test_first_look_with_a_link_down_stops_the_group_and_adopts_nothing(h: Harness) -> None:
+    h.head.link("up", 1)
+    h.worker.link("down", None)
+    h.tick(10)
+    assert h.cluster.actions() == [("spark-a", "stop"), ("spark-b", "stop")]
+    state = h.state()
+    assert (state["state"], state["reason"]) == (
+        "fabric_wait",
+        f"fabric {IFNAME} on spark-b is down: waiting for the link",
+    )
+    assert len(h.log_lines("decision")) == 1
+    h.worker.link("up", 1)
+    h.tick()
+    assert h.cluster.actions()[2:] == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+
+
+def test_fabric_down_while_starting_is_no_failed_attempt(tmp_path: Path) -> None:
+    h = Harness(tmp_path, max_attempts=2)
+    for each in h.cluster.nodes.values():
+        each.link("up", 1)
+    h.adopt_healthy()
+    h.worker.fail.add("start")
+    h.worker.die(1)
+    h.tick()
+    assert (h.sup.memory.state, h.sup.memory.attempts) == (sup.State.BACKOFF, 1)
+    h.worker.link("down", None)
+    h.tick(100)  # far past the backoff: no restart, no give-up
+    assert h.sup.memory.state is sup.State.FABRIC_WAIT and h.state()["attempts"] == 1
+    assert h.cluster.actions()[-2:] == [("spark-a", "stop"), ("spark-b", "stop")]
+    assert [a for a in h.cluster.actions() if a[1] == "start"] == [("spark-b", "start")]
+    h.worker.fail.clear()
+    h.worker.link("up", 1)
+    h.until(lambda: h.sup.memory.state is sup.State.HEALTHY)
+    assert h.state()["attempts"] == 0
+
+
+@pytest.mark.parametrize("fabric", ["absent", "null"])
+def test_without_fabric_information_a_lost_worker_restarts_the_group_as_before(
+    h: Harness, fabric: str
+) -> None:
+    if fabric == "null":
+        for each in h.cluster.nodes.values():
+            each.fabric = None
+    h.adopt_healthy()
+    h.worker.die(137)
+    h.tick()
+    assert h.cluster.actions() == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+    assert (
+        "starting action=restart: lost rank 1 on spark-b: exited, exit code 137"
+        in h.log_lines("decision")[-1]
+    )
+    assert [r["fabric"] for r in h.state()["ranks"]] == [None, None]
+
+
 def test_hang_is_detected_at_hang_seconds(h: Harness) -> None:
     h.adopt_healthy()
     h.api.running = 2
@@ -1307,6 +1752,7 @@ def test_state_file_format(h: Harness) -> None:
         "mem_available_bytes",
         "memguard_last_kill",
         "detail",
+        "fabric",
     }
     assert state["api"] == {
         "health": 200,
