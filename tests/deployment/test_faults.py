@@ -251,14 +251,15 @@ def test_a_rank_that_cannot_start_makes_the_supervisor_give_up_and_site_yml_brin
 
 
 def test_a_second_site_yml_stops_at_once_naming_the_lock_holder(supervised):
+    # The whole site.yml (some 20 s on the converged lab): still running when the second one asks.
     first = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "ansible-playbook"),
             "-i",
             INVENTORY,
             "site.yml",
-            "--tags",
-            "image",
+            "-e",
+            json.dumps(FAST),
         ],
         cwd=REPO,
         env=user_environment(),
@@ -303,9 +304,14 @@ def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_mem
     available = mem_available_gib(lab)
     floor = round(available - 2.5, 1)
     tight = {**FAST, "memguard_floor_gib": floor, "supervisor_memory_margin_gib": 1.0}
-    converged, _ = site("--tags", "memguard,supervisor", "-e", json.dumps(tight))
+    # Only the worker's guard gets the tight floor: on real Sparks each node has memory of its own,
+    # here both nodes see this machine's, and the head's guard must not act on the worker's leak.
+    guard, _ = site("--tags", "memguard", "--limit", "worker", "-e", json.dumps(tight))
+    assert guard.returncode == 0, guard.stdout[-3000:]
+    converged, _ = site("--tags", "supervisor", "-e", json.dumps(tight))
     assert converged.returncode == 0, converged.stdout[-3000:]
     assert wait_for(lambda: settled(lab), timeout=120, interval=2)
+    log_start = len(supervisor_log(lab))
     hog = bytearray(2 * GIB)  # held short: under floor + margin, over the floor
     hog[::4096] = b"\x01" * len(range(0, len(hog), 4096))
     try:
@@ -336,6 +342,7 @@ def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_mem
     )
     restored, _ = site("--tags", "memguard,supervisor", "-e", json.dumps(FAST))
     assert restored.returncode == 0, restored.stdout[-3000:]
+    assert "memory guard on head" not in supervisor_log(lab)[log_start:], "only the worker's guard acted"
 
 
 def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_partials(lab, tmp_path):
@@ -372,19 +379,19 @@ def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_par
         first.kill()
         first.communicate(timeout=60)
         offset = access_log.stat().st_size
-        again, _ = site(*args)
+        again, rerun_seconds = site(*args)
         assert again.returncode == 0, again.stdout[-3000:]
         assert lab.ssh("head", partials).stdout.strip() == "0", "no orphaned partial download is left"
         requests = [json.loads(line) for line in access_log.read_text()[offset:].splitlines() if line]
         fetched = [r["path"] for r in requests if r["method"] == "GET" and "/resolve/" in r["path"]]
         refetched = [path for path in fetched if any(path.endswith(name[1:]) for name in done_before)]
         assert refetched == [], f"files complete before the kill were fetched again: {refetched}"
-        assert (
-            "removed 1 partial downloads left by an interrupted run" in again.stdout
-            or "partial" in again.stdout
-        )
+        assert "partial downloads left by an interrupted run" in again.stdout, again.stdout[-3000:]
         record(
-            "download killed mid-file", 0, 0, f"{len(done_before)} complete files kept, the partial removed"
+            "download killed mid-file",
+            rerun_seconds,
+            0,
+            f"the re-run's time; {len(done_before)} complete files not fetched again, the partial removed",
         )
     finally:
         hub.terminate()
