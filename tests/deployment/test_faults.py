@@ -318,7 +318,7 @@ def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_mem
         since = time.monotonic()
         lab.ssh("worker", f"echo leak > {STATE_DIR}/cache/standin-faults")
         assert wait_for(
-            lambda: "memory guard on worker killed" in supervisor_log(lab), timeout=90, interval=1
+            lambda: "memory guard on worker killed" in supervisor_log(lab)[log_start:], timeout=90, interval=1
         ), supervisor_log(lab)[-3000:]
         killed = time.monotonic() - since
         assert wait_for(lambda: supervisor_state(lab)["state"] == "memory_wait", timeout=30, interval=1)
