@@ -70,6 +70,30 @@ def supervisor_problem(
     return f"supervisor: {state} - {supervisor.get('reason') or 'no reason given'}"
 
 
+def api_problems(api: dict[str, Any], now: float) -> list[str]:
+    """Why the API is not serving: ``/health`` not 200, or requests running and no new token for
+    ``hang_seconds`` - the supervisor's hang rule, with its threshold and its ``last_progress``
+    (when it last saw a new token or nothing running)."""
+    problems = []
+    health = api.get("health")
+    if health != 200:
+        problems.append(f"API: /health answered {health}" if health else "API: no answer on /health")
+    running, last_progress, hang_seconds = (api.get(k) for k in ("running", "last_progress", "hang_seconds"))
+    if (
+        isinstance(hang_seconds, (int, float))
+        and hang_seconds > 0
+        and isinstance(running, (int, float))
+        and running > 0
+        and isinstance(last_progress, (int, float))
+        and now - last_progress >= hang_seconds
+    ):
+        problems.append(
+            f"API: hung - {_count(running)} request(s) running, no new tokens for"
+            f" {now - last_progress:.0f} s (hang threshold {hang_seconds:g} s)"
+        )
+    return problems
+
+
 def deployment_health(
     nodes: list[dict[str, Any]],
     api: dict[str, Any],
@@ -83,7 +107,8 @@ def deployment_health(
 
     ``nodes``: ``{name, rank, status (rankctl's JSON, or None), error, guard (systemctl is-active)}``
     in rank order; ``api``: ``{health (HTTP code or None), running, waiting,
-    generation_tokens_total}``; ``supervisor``: its state file's content, or None.
+    generation_tokens_total, last_progress, hang_seconds}`` (the last two from the supervisor:
+    without them a stalled API is not judged); ``supervisor``: its state file's content, or None.
     """
     now = time.time() if now is None else now
     problems = [problem for node in nodes if (problem := rank_problem(node))]
@@ -97,9 +122,7 @@ def deployment_health(
         for node in nodes
         if isinstance(node.get("status"), dict) and node["status"].get("memguard_last_kill")
     ]
-    health = api.get("health")
-    if health != 200:
-        problems.append(f"API: /health answered {health}" if health else "API: no answer on /health")
+    problems += api_problems(api, now)
     if problem := supervisor_problem(supervisor, supervisor_enabled, supervisor_interval, now):
         problems.append(problem)
     return {

@@ -28,6 +28,8 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import 
 # Never copied: the parts of rebuilt shards, huggingface_hub's metadata and our own verification
 # records (a worker verifies its copy itself), the rebuild's temporary files.
 DEFAULT_EXCLUDES = ("*.safetensors.part*", ".cache/", ".*.sparkserve-tmp")
+# Relative: one in each directory with a file in flight; rsync excludes it from the copy itself.
+PARTIAL_DIR = ".rsync-partial"
 OPTIONS = (
     "-a",
     # The files belong to the receiving user; directory times would differ again as soon as the
@@ -35,8 +37,9 @@ OPTIONS = (
     "--no-owner",
     "--no-group",
     "--omit-dir-times",
-    # An interrupted copy resumes: a partly sent file is kept and completed.
-    "--partial",
+    # An interrupted copy resumes: a partly sent file is kept and completed. It is kept aside, never
+    # under the file's own name, where ranks started meanwhile would load a truncated shard.
+    f"--partial-dir={PARTIAL_DIR}",
     "--itemize-changes",
     "--info=progress2",
 )
@@ -68,12 +71,16 @@ def rsync_argv(
     *,
     rsh: list[str] | None = None,
     excludes: Iterable[str] = DEFAULT_EXCLUDES,
+    bwlimit_kib: int = 0,
     dry_run: bool = False,
 ) -> list[str]:
-    """The rsync command that makes ``dest`` a copy of the directory ``src`` (contents to contents)."""
+    """The rsync command that makes ``dest`` a copy of the directory ``src`` (contents to contents);
+    ``bwlimit_kib`` caps its rate in KiB/s (0: no cap)."""
     argv = [rsync, *OPTIONS]
     if dry_run:
         argv.append("--dry-run")
+    if bwlimit_kib:
+        argv.append(f"--bwlimit={bwlimit_kib}")
     argv += [f"--exclude={pattern}" for pattern in excludes]
     if rsh:
         argv += ["-e", remote_shell(rsh)]

@@ -13,7 +13,7 @@ short_description: Copy a checkpoint directory to another node with rsync, resum
 version_added: 0.1.0
 author: sparkserve maintainers (@sparkserve)
 description:
-  - Makes O(dest) a copy of the directory O(src) with C(rsync -a --partial), run on the node that
+  - Makes O(dest) a copy of the directory O(src) with C(rsync -a), run on the node that
     holds O(src) (the head pushes to a worker, over the address the copy should travel on).
   - Files matching O(exclude) are not copied - by default the parts of rebuilt shards, C(.cache/)
     (huggingface_hub's metadata and the verification records, so that the receiving node verifies
@@ -22,7 +22,9 @@ description:
     --omit-dir-times)), so the receiving user's files and its own C(.cache/) do not show as
     differences. C(changed) is true when rsync itemizes at least one change; a re-run on a
     complete copy reports no change.
-  - An interrupted copy resumes - a partly sent file is completed.
+  - An interrupted copy resumes - a partly sent file is completed. It waits in C(.rsync-partial/)
+    beside where it goes (C(--partial-dir)), never under its own name, so a rank started meanwhile
+    never loads a truncated file, and the receiving node's verification never sees one.
   - Meant to run with C(async) and O(progress_file); the M(sparkserve.dsv41.job_wait) module shows its
     progress.
 options:
@@ -49,6 +51,12 @@ options:
     type: list
     elements: str
     default: ["*.safetensors.part*", ".cache/", ".*.sparkserve-tmp"]
+  bwlimit_kib:
+    description:
+      - Caps the copy's rate, in KiB per second (C(--bwlimit)), e.g. to leave the fabric to ranks that
+        serve while it runs. V(0) - no cap.
+    type: int
+    default: 0
   progress_file:
     description:
       - When set, the collection's progress document is written there atomically, at most every 2
@@ -154,17 +162,21 @@ def main() -> None:
             "dest": {"type": "str", "required": True},
             "rsh": {"type": "list", "elements": "str"},
             "exclude": {"type": "list", "elements": "str", "default": list(DEFAULT_EXCLUDES)},
+            "bwlimit_kib": {"type": "int", "default": 0},
             "progress_file": {"type": "path"},
         },
         supports_check_mode=True,
     )
     params = module.params
+    if params["bwlimit_kib"] < 0:
+        module.fail_json(msg=f"bwlimit_kib must be 0 (no cap) or more, got {params['bwlimit_kib']}")
     argv = rsync_argv(
         module.get_bin_path("rsync", required=True),
         params["src"],
         params["dest"],
         rsh=params["rsh"],
         excludes=params["exclude"],
+        bwlimit_kib=params["bwlimit_kib"],
         dry_run=module.check_mode,
     )
     result = {"changed": False, "cmd": argv}

@@ -959,8 +959,11 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def state_document(memory: Memory, obs: Observation | None, now: float, pid: int) -> dict[str, Any]:
-    """supervisor-state.json."""
+def state_document(
+    memory: Memory, obs: Observation | None, now: float, pid: int, hang: float
+) -> dict[str, Any]:
+    """supervisor-state.json; ``hang`` (the threshold) with ``last_progress`` lets status.yml judge
+    a hang by the supervisor's own rule."""
     metrics = obs.metrics if obs else Metrics()
     probe = memory.last_probe
     return {
@@ -981,6 +984,7 @@ def state_document(memory: Memory, obs: Observation | None, now: float, pid: int
             "waiting": _finite(metrics.waiting),
             "generation_tokens_total": _finite(metrics.generation_tokens),
             "last_progress": memory.last_progress,
+            "hang_seconds": hang,
             "last_probe": (
                 None
                 if probe is None
@@ -1297,7 +1301,7 @@ class Supervisor:
         self.write_state(self.memory)
 
     def write_state(self, memory: Memory) -> None:
-        doc = state_document(memory, self.last_obs, self.clock(), os.getpid())
+        doc = state_document(memory, self.last_obs, self.clock(), os.getpid(), self.settings.hang)
         try:
             write_atomically(self.settings.state_dir / STATE_NAME, json.dumps(doc, indent=1) + "\n")
         except OSError as exc:

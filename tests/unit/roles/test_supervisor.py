@@ -1760,13 +1760,16 @@ def test_state_file_format(h: Harness) -> None:
         "waiting": 0.0,
         "generation_tokens_total": 4242.0,
         "last_progress": T0,
+        "hang_seconds": SETTINGS.hang,
         "last_probe": None,
     }
     assert [p.name for p in h.state_dir.iterdir() if p.name.startswith(".")] == []  # no temp file left
 
 
 def test_state_document_keeps_nan_out_of_json() -> None:
-    doc = sup.state_document(sup.Memory(), obs(metrics=sup.Metrics(float("nan"), 0.0, float("inf"))), NOW, 1)
+    doc = sup.state_document(
+        sup.Memory(), obs(metrics=sup.Metrics(float("nan"), 0.0, float("inf"))), NOW, 1, 60
+    )
     assert (doc["api"]["running"], doc["api"]["waiting"], doc["api"]["generation_tokens_total"]) == (
         None,
         0.0,

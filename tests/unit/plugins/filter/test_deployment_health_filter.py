@@ -44,12 +44,15 @@ def apply(*cases) -> list[dict]:
 
 
 def test_the_filter_judges_and_adds_the_table_and_refuses_what_is_not_a_node_list():
-    healthy, degraded, refused = apply(
+    stalled = {**API, "running": 1, "last_progress": 1_000_000_000, "hang_seconds": 60}
+    healthy, degraded, hung, refused = apply(
         [[[NODE], API], {"supervisor_enabled": False}],
         [[[NODE], {**API, "health": 503}], {"supervisor_enabled": False}],
+        [[[NODE], stalled], {"supervisor_enabled": False}],
         [["head", API], {}],
     )
     assert healthy["value"]["healthy"] is True
     assert healthy["value"]["table"].splitlines()[-1] == "healthy"
     assert degraded["value"]["problems"] == ["API: /health answered 503"]
+    assert hung["value"]["problems"][0].startswith("API: hung - 1 request(s) running, no new tokens for")
     assert "deployment_health wants a list of nodes" in refused["error"]

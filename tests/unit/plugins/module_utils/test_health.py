@@ -106,6 +106,28 @@ def test_an_api_that_does_not_answer_200_is_degraded(api, problem):
     assert verdict(api=api)["problems"] == [problem]
 
 
+def stalled(running, seconds: float) -> dict:
+    """The API as the supervisor last saw it: ``running`` requests, no new token for ``seconds``."""
+    return {**API, "running": running, "last_progress": NOW - seconds, "hang_seconds": 60}
+
+
+@pytest.mark.parametrize(
+    ("api", "problem"),
+    [
+        pytest.param(stalled(2, 61),
+                     "API: hung - 2 request(s) running, no new tokens for 61 s (hang threshold 60 s)",
+                     id="stalled-past-the-threshold"),
+        pytest.param(stalled(2, 59), None, id="stalled-under-it"),
+        pytest.param(stalled(0, 600), None, id="idle-is-not-stuck"),
+        pytest.param({**stalled(2, 0), "last_progress": None}, None, id="progress-unknown"),
+        pytest.param(stalled(None, 600), None, id="no-metrics"),
+        pytest.param({**stalled(2, 600), "hang_seconds": None}, None, id="no-threshold"),
+    ],
+)  # fmt: skip
+def test_requests_running_without_new_tokens_past_the_hang_threshold_is_a_hang(api, problem):
+    assert verdict(api=api)["problems"] == ([problem] if problem else [])
+
+
 @pytest.mark.parametrize(
     ("supervisor", "enabled", "problem"),
     [

@@ -132,7 +132,7 @@ def test_the_command_copies_contents_to_contents_without_parts_or_cache():
         "--no-owner",
         "--no-group",
         "--omit-dir-times",
-        "--partial",
+        "--partial-dir=.rsync-partial",
         "--itemize-changes",
         "--info=progress2",
         "--exclude=*.safetensors.part*",
@@ -155,6 +155,7 @@ def test_the_remote_shell_is_one_argument_that_keeps_each_item_whole():
     ]
     argv = rs.rsync_argv("rsync", "/a", "/b", rsh=rsh, excludes=[], dry_run=True)
     assert argv[argv.index("--info=progress2") + 1] == "--dry-run"
+    assert not [arg for arg in argv if arg.startswith("--bwlimit")], "no cap unless asked"
     shell = argv[argv.index("-e") + 1]
     # rsync splits the value on spaces and drops quotes as a POSIX shell does (no backslashes).
     assert shlex.split(shell) == rsh

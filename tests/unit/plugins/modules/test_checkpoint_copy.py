@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._rsync import rsync_argv
 from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_copy
 from dir_snapshot import snapshot
 
@@ -93,12 +96,49 @@ def test_check_mode_changes_nothing_and_says_what_would_change(tmp_path, run_mod
 def test_an_interrupted_file_is_completed(tmp_path, run_module):
     model = checkpoint(tmp_path)
     dest = tmp_path / "worker" / "model"
-    dest.mkdir(parents=True)
-    (dest / "model-00001-of-00006.safetensors").write_bytes(b"1" * 1000)  # a third of it arrived
+    (dest / ".rsync-partial").mkdir(parents=True)
+    # A third of it arrived before the copy was stopped; rsync keeps that aside (--partial-dir).
+    (dest / ".rsync-partial" / "model-00001-of-00006.safetensors").write_bytes(b"1" * 1000)
     result = run_module(checkpoint_copy, {"src": str(model), "dest": str(dest), "exclude": [".cache/"]})
     assert not result.failed, result
     assert (dest / "model-00001-of-00006.safetensors").read_bytes() == b"1" * 3000
+    assert not (dest / ".rsync-partial").exists(), "the partial was used up and its directory removed"
     assert (dest / "model-00005-of-00006.safetensors.part00").exists(), "exclude replaces the default list"
+
+
+def test_a_copy_killed_mid_file_leaves_no_truncated_file_under_its_name_and_resumes(tmp_path, run_module):
+    model = tmp_path / "head"
+    model.mkdir()
+    shard = model / "model-00001-of-00001.safetensors"
+    shard.write_bytes(bytes(range(256)) * 4096 * 2)  # 2 MiB: 4 s at the cap below
+    dest = tmp_path / "worker"
+    dest.mkdir()
+    (dest / shard.name).write_bytes(b"the previous revision")
+    argv = rsync_argv(shutil.which("rsync"), str(model), str(dest), bwlimit_kib=512)
+    assert "--bwlimit=512" in argv
+    copy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    partial = dest / ".rsync-partial" / shard.name
+    deadline = time.monotonic() + 20
+    while not list(dest.glob(f".{shard.name}.*")) and time.monotonic() < deadline:  # rsync's file in flight
+        time.sleep(0.1)
+    time.sleep(0.5)
+    copy.terminate()  # as a Ctrl-C or a reboot would
+    copy.wait(timeout=20)
+    assert 0 < partial.stat().st_size < shard.stat().st_size, "stopped mid-file, the part kept aside"
+    assert (dest / shard.name).read_bytes() == b"the previous revision", "never a truncated file"
+
+    result = run_module(checkpoint_copy, {"src": str(model), "dest": str(dest)})
+    assert not result.failed, result
+    assert (dest / shard.name).read_bytes() == shard.read_bytes()
+    assert not partial.exists()
+
+
+def test_a_negative_rate_cap_is_refused_before_anything_runs(tmp_path, run_module):
+    args = {"src": str(tmp_path), "dest": str(tmp_path / "d"), "bwlimit_kib": -1}
+    result = run_module(checkpoint_copy, args)
+    assert result.failed
+    assert result["msg"] == "bwlimit_kib must be 0 (no cap) or more, got -1"
+    assert not (tmp_path / "d").exists()
 
 
 FAKE_SSH = """
