@@ -46,6 +46,9 @@ options:
     description: The supervisor's interval in seconds; a state older than six of them means it is not running.
     type: float
     default: 5
+  deployments:
+    description: The deployment record (C(<state dir>/deployments.json) on the head), shown; or null.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -73,7 +76,9 @@ _value:
 """
 
 
-def deployment_health_filter(nodes, api, supervisor=None, supervisor_enabled=True, supervisor_interval=5):
+def deployment_health_filter(
+    nodes, api, supervisor=None, supervisor_enabled=True, supervisor_interval=5, *, deployments=None
+):
     if not isinstance(nodes, list) or not all(isinstance(node, dict) for node in nodes):
         raise AnsibleFilterError(
             f"deployment_health wants a list of nodes (dicts), got {type(nodes).__name__}"
@@ -85,6 +90,7 @@ def deployment_health_filter(nodes, api, supervisor=None, supervisor_enabled=Tru
             supervisor,
             supervisor_enabled=bool(supervisor_enabled),
             supervisor_interval=float(supervisor_interval),
+            deployments=deployments if isinstance(deployments, dict) else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise AnsibleFilterError(f"deployment_health: {exc}") from exc

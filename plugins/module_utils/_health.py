@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._release import describe
+
 GIB = 1024**3
 # A supervisor that has not written its state for this many of its intervals is not running.
 STALE_INTERVALS = 6
@@ -101,6 +103,7 @@ def deployment_health(
     *,
     supervisor_enabled: bool = True,
     supervisor_interval: float = 5,
+    deployments: dict[str, Any] | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """The verdict: ``{healthy, problems, nodes, api, supervisor}``.
@@ -108,7 +111,8 @@ def deployment_health(
     ``nodes``: ``{name, rank, status (rankctl's JSON, or None), error, guard (systemctl is-active)}``
     in rank order; ``api``: ``{health (HTTP code or None), running, waiting,
     generation_tokens_total, last_progress, hang_seconds}`` (the last two from the supervisor:
-    without them a stalled API is not judged); ``supervisor``: its state file's content, or None.
+    without them a stalled API is not judged); ``supervisor``: its state file's content, or None;
+    ``deployments``: the deployment record (shown, not judged), or None.
     """
     now = time.time() if now is None else now
     problems = [problem for node in nodes if (problem := rank_problem(node))]
@@ -132,6 +136,7 @@ def deployment_health(
         "api": api,
         "supervisor": supervisor,
         "memguard_kills": [{"node": name, "time": when} for name, when in kills],
+        "deployments": deployments,
     }
 
 
@@ -175,6 +180,12 @@ def health_table(report: dict[str, Any]) -> str:
         f"memory guard killed the ranks on {kill['node']} at {_when(kill['time'])}"
         for kill in report["memguard_kills"]
     ]
+    deployments = report.get("deployments")
+    if isinstance(deployments, dict):
+        lines.append(f"deployment: {describe(deployments.get('current'))}")
+        lines.append(f"previous: {describe(deployments.get('previous'))}")
+        if deployments.get("last_failed"):
+            lines.append(f"last failed switch: {describe(deployments['last_failed'])}")
     supervisor = report["supervisor"]
     if isinstance(supervisor, dict):
         last = supervisor.get("last_action") or {}

@@ -181,3 +181,20 @@ def test_an_exited_rank_and_an_unhealthy_api_in_the_table():
     assert lines[1].split()[-3:] == ["not", "healthy", "(503)"]
     assert "exited (1) at T" in lines[2]
     assert lines[-1].startswith("DEGRADED: worker (rank 1): container dsv41-r1 exited with code 1 at T; API:")
+
+
+def test_the_table_shows_the_deployment_record_without_judging_it():
+    image = "registry/engine@sha256:" + "c" * 64
+    record = {
+        "version": 1,
+        "current": {"image": image, "revision": "", "time": NOW, "smoke": "passed", "downtime_seconds": 2.5},
+        "previous": None,
+        "last_failed": {"image": "r@sha256:" + "d" * 64, "time": NOW, "reason": "smoke: text"},
+    }
+    report = verdict(deployments=record)
+    assert report["healthy"] and report["deployments"] == record
+    lines = health_table(report).splitlines()
+    since = "since 2027-01-15 08:00:00 UTC"
+    assert f"deployment: registry/engine@sha256:cccccccccccc, {since}, smoke passed" in lines[-5]
+    assert lines[-4] == "previous: none recorded"
+    assert lines[-3] == f"last failed switch: r@sha256:dddddddddddd, {since}: smoke: text"

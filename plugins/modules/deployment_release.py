@@ -1,0 +1,207 @@
+#!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""Ansible module: plan a switch of the deployment, and record what serves after it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: deployment_release
+short_description: Plan a switch of the serving image or checkpoint revision, and record the outcome
+version_added: 0.1.0
+author: sparkserve maintainers (@sparkserve)
+description:
+  - Keeps the deployment record on the head, O(path) (the roles use C(<state dir>/deployments.json)) - the
+    deployment that serves now (C(current)), the one before it (C(previous)) and the last switch that
+    failed (C(last_failed)), each with its image (by digest), checkpoint revision and time; a deployment
+    also with its smoke result and how long the switch to it kept the API from answering.
+  - O(state=planned) reads the record and says what this run deploys (RV(plan)) - C(first) (nothing
+    recorded yet), C(none) (O(image) and O(revision) serve already), C(switch) (they differ from
+    C(current)) or, with O(rollback=true), C(rollback) (to C(previous)). It never changes anything.
+  - O(state=committed) records O(image) and O(revision) as C(current), once they serve and passed the smoke
+    checks, and the old C(current) as C(previous). Recording what is current already changes nothing.
+  - O(state=failed) records a switch to O(image) and O(revision) that failed, with O(reason); C(current)
+    stays (it serves again after the rollback).
+  - The file is written through a temporary file in the same directory and renamed, mode C(0600).
+options:
+  path:
+    description: The record's file. Its directory must exist.
+    type: path
+    required: true
+  state:
+    description: Plan the run, or record its outcome.
+    type: str
+    choices: [planned, committed, failed]
+    default: planned
+  image:
+    description: The serving image, pinned by digest, that this run deploys (or deployed).
+    type: str
+    required: true
+  revision:
+    description: The checkpoint revision this run deploys (or deployed); empty when not known.
+    type: str
+    default: ""
+  rollback:
+    description:
+      - With O(state=planned) - plan a rollback to the previous deployment instead of deploying O(image);
+        fails when no previous one is recorded.
+    type: bool
+    default: false
+  smoke:
+    description: With O(state=committed) - the smoke checks' outcome, in words (for example V(passed)).
+    type: str
+  downtime_seconds:
+    description:
+      - With O(state=committed) - seconds between the last answer from the old ranks and the first from the
+        new ones, when measured.
+    type: float
+  reason:
+    description:
+      - With O(state=failed) - what failed (the check and its evidence, or the rank that did not start).
+    type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - O(state=planned) runs as usual; O(state=committed) and O(state=failed) say what they would record.
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
+seealso:
+  - module: sparkserve.dsv41.smoke
+  - module: sparkserve.dsv41.api_watch
+"""
+
+EXAMPLES = r"""
+- name: Plan what this run deploys
+  sparkserve.dsv41.deployment_release:
+    path: /home/spark/.dsv41-two-sparks/deployments.json
+    image: "{{ deployment_image }}"
+    revision: main
+  register: release
+
+- name: Record the new deployment once it passed its smoke checks
+  sparkserve.dsv41.deployment_release:
+    path: /home/spark/.dsv41-two-sparks/deployments.json
+    state: committed
+    image: "{{ release.plan.target.image }}"
+    revision: "{{ release.plan.target.revision }}"
+    smoke: passed
+    downtime_seconds: 41.2
+"""
+
+RETURN = r"""
+plan:
+  description: With O(state=planned), what this run deploys.
+  returned: when state is planned
+  type: dict
+  contains:
+    action:
+      description: C(first), C(none), C(switch) or C(rollback).
+      type: str
+    target:
+      description: The C({image, revision}) this run deploys.
+      type: dict
+    current:
+      description: The deployment recorded as serving, or null.
+      type: dict
+    previous:
+      description: The deployment before it, or null.
+      type: dict
+    msg:
+      description: The plan in words.
+      type: str
+  sample:
+    action: switch
+    target: {image: "registry/engine@sha256:...", revision: main}
+    current: {image: "registry/engine@sha256:...", revision: main, time: 1796281902.0, smoke: passed}
+    previous: null
+    msg: switching from ... to ...; the smoke checks gate it and a failure rolls back
+record:
+  description: The record after this task (what it would be, in check mode).
+  returned: always
+  type: dict
+  sample: {version: 1, current: {image: "registry/engine@sha256:..."}, previous: null, last_failed: null}
+msg:
+  description: What the task found or recorded, in words.
+  returned: always
+  type: str
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
+    read_text,
+    write_atomically,
+)
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._release import (
+    ReleaseError,
+    committed,
+    describe,
+    failed,
+    parse_record,
+    plan,
+    record_text,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "state": {"type": "str", "choices": ["planned", "committed", "failed"], "default": "planned"},
+            "image": {"type": "str", "required": True},
+            "revision": {"type": "str", "default": ""},
+            "rollback": {"type": "bool", "default": False},
+            "smoke": {"type": "str"},
+            "downtime_seconds": {"type": "float"},
+            "reason": {"type": "str"},
+        },
+        required_if=[("state", "committed", ["smoke"]), ("state", "failed", ["reason"])],
+        supports_check_mode=True,
+    )
+    params = module.params
+    path = params["path"]
+    try:
+        before_text = read_text(path)
+        record = parse_record(before_text, path)
+        target = {"image": params["image"], "revision": params["revision"]}
+        if params["state"] == "planned":
+            planned = plan(record, params["image"], params["revision"], rollback=params["rollback"])
+            module.exit_json(changed=False, plan=planned, record=record, msg=planned["msg"])
+        now = time.time()
+        if params["state"] == "committed":
+            after = committed(
+                record, target, smoke=params["smoke"], downtime_seconds=params["downtime_seconds"], now=now
+            )
+            msg = f"serving {describe(after['current'])}; previous: {describe(after['previous'])}"
+        else:
+            after = failed(record, target, reason=params["reason"], now=now)
+            msg = f"recorded the failed switch: {describe(after['last_failed'])}"
+    except ReleaseError as exc:
+        module.fail_json(msg=str(exc), path=path)
+    except OSError as exc:
+        module.fail_json(msg=f"cannot read {path}: {exc.strerror or exc}", path=path)
+    changed = after != record
+    result = {"changed": changed, "record": after, "msg": msg if changed else f"{msg} (unchanged)"}
+    if module._diff:
+        result["diff"] = {"before": before_text or "", "after": record_text(after), "before_header": path,
+                          "after_header": path}  # fmt: skip
+    if changed and not module.check_mode:
+        try:
+            write_atomically(module, path, record_text(after).encode(), mode="0600")
+            # atomic_move gives a new file the umask's mode: the record is the owner's alone.
+            module.set_mode_if_different(path, "0600", False)
+        except OSError as exc:
+            module.fail_json(msg=f"cannot write {path}: {exc.strerror or exc}", path=path)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

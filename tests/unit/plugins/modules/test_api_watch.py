@@ -1,0 +1,83 @@
+"""The api_watch module against a real local HTTP server that stops answering and comes back."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from typing import ClassVar
+
+import pytest
+from ansible_collections.sparkserve.dsv41.plugins.modules import api_watch
+
+
+class Api(http.server.BaseHTTPRequestHandler):
+    """A chat completions endpoint that answers 503 while ``down`` and checks the bearer."""
+
+    down = False
+    bearers: ClassVar[list[str]] = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        Api.bearers.append(self.headers.get("Authorization", ""))
+        code, body = (503, {}) if Api.down else (200, {"choices": [{"message": {"content": "p"}}]})
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def api():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Api.down, Api.bearers = False, []
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_the_gap_is_measured_from_answers_and_the_key_comes_from_its_file(tmp_path, api, run_module):
+    key = tmp_path / "api_key"
+    key.write_text("sk-secret\n")
+
+    def switch():
+        time.sleep(0.5)
+        Api.down = True
+        time.sleep(1.0)
+        Api.down = False
+
+    threading.Thread(target=switch, daemon=True).start()
+    progress = tmp_path / "p.json"
+    args = {
+        "url": api,
+        "key_file": str(key),
+        "model": "m",
+        "interval": 0.1,
+        "progress_file": str(progress),
+    }
+    result = run_module(api_watch, args)
+    assert not result.failed, result
+    assert 0.8 <= result["downtime_seconds"] <= 2.0
+    assert result["failures"] >= 5 and result["msg"].startswith("the API did not answer for")
+    assert set(Api.bearers) == {"Bearer sk-secret"}
+    assert "sk-secret" not in json.dumps(result)
+    assert json.loads(progress.read_text())["phase"] == "done"
+
+
+def test_the_stop_file_ends_a_watch_that_saw_no_gap(tmp_path, api, run_module):
+    stop = tmp_path / "stop"
+    threading.Timer(0.5, stop.touch).start()
+    result = run_module(api_watch, {"url": api, "model": "m", "interval": 0.1, "stop_file": str(stop)})
+    assert not result.failed
+    assert result["downtime_seconds"] is None and result["msg"].endswith("no gap seen")
+
+
+def test_an_api_that_never_comes_back_fails_naming_the_timeout(tmp_path, run_module):
+    args = {"url": "http://127.0.0.1:9/v1", "model": "m", "interval": 0.1, "timeout_minutes": 0}
+    result = run_module(api_watch, args)
+    assert result.failed and "timeout_minutes (0)" in result["msg"]

@@ -1,0 +1,70 @@
+"""The deployment_release module, run in-process: plan, commit, fail; check mode and re-runs."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import yaml
+from ansible_collections.sparkserve.dsv41.plugins.modules import deployment_release
+from dir_snapshot import snapshot
+
+OLD = "registry/engine@sha256:" + "a" * 64
+NEW = "registry/engine@sha256:" + "b" * 64
+
+
+def test_plan_commit_then_switch_and_roll_back(tmp_path, run_module):
+    path = tmp_path / "deployments.json"
+    first = run_module(deployment_release, {"path": str(path), "image": OLD})
+    assert (first["changed"], first["plan"]["action"]) == (False, "first")
+    assert not path.exists(), "planning writes nothing"
+
+    made = run_module(
+        deployment_release, {"path": str(path), "image": OLD, "state": "committed", "smoke": "passed"}
+    )
+    assert made["changed"] is True
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["current"]["image"] == OLD
+    again = run_module(
+        deployment_release, {"path": str(path), "image": OLD, "state": "committed", "smoke": "passed"}
+    )
+    assert again["changed"] is False, "a re-run records nothing new"
+    assert set(yaml.safe_load(deployment_release.RETURN)) >= set(again) - {"changed", "invocation"}
+
+    switch = run_module(deployment_release, {"path": str(path), "image": NEW})
+    assert switch["plan"]["action"] == "switch" and switch["plan"]["current"]["image"] == OLD
+    args = {"path": str(path), "image": NEW, "state": "committed", "smoke": "passed", "downtime_seconds": 4.5}
+    run_module(deployment_release, args)
+    record = json.loads(path.read_text())
+    assert (record["current"]["image"], record["previous"]["image"]) == (NEW, OLD)
+    assert record["current"]["downtime_seconds"] == 4.5
+
+    back = run_module(deployment_release, {"path": str(path), "image": NEW, "rollback": True})
+    assert (back["plan"]["action"], back["plan"]["target"]["image"]) == ("rollback", OLD)
+
+
+def test_check_mode_and_diff_change_nothing_and_show_the_record(tmp_path, run_module):
+    path = tmp_path / "deployments.json"
+    run_module(deployment_release, {"path": str(path), "image": OLD, "state": "committed", "smoke": "passed"})
+    before = snapshot(tmp_path)
+    args = {"path": str(path), "image": NEW, "state": "failed", "reason": "the smoke checks failed: text"}
+    result = run_module(deployment_release, args, check_mode=True, diff=True)
+    assert result["changed"] is True
+    assert '"reason": "the smoke checks failed: text"' in result["diff"]["after"]
+    assert snapshot(tmp_path) == before
+
+
+def test_bad_input_fails_before_anything_changes(tmp_path, run_module):
+    path = tmp_path / "deployments.json"
+    path.write_text("not json")
+    before = snapshot(tmp_path)
+    broken = run_module(
+        deployment_release, {"path": str(path), "image": NEW, "state": "committed", "smoke": "ok"}
+    )
+    assert broken.failed and broken["msg"].startswith(f"{path} is not JSON")
+    path.unlink()
+    nothing = run_module(deployment_release, {"path": str(path), "image": NEW, "rollback": True})
+    assert nothing.failed and "no previous deployment is recorded" in nothing["msg"]
+    missing = run_module(deployment_release, {"path": str(path), "image": NEW, "state": "failed"})
+    assert missing.failed and "reason" in missing["msg"]
+    assert snapshot(tmp_path) != before and not path.exists()
