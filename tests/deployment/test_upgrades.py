@@ -16,7 +16,7 @@ import time
 
 import pytest
 from deployment_support import STATE_DIR, run_playbook, site
-from lab_support import ENGINE_REPO, REGISTRY, STATE, labctl
+from lab_support import ENGINE_REPO, REGISTRY, STATE, labctl, wait_for
 
 RESULTS = STATE / "upgrade-suite.json"
 LOCAL_REGISTRY = f"127.0.0.1:{labctl.REGISTRY_PORT}"
@@ -40,6 +40,15 @@ def variant(tag: str, *env: str) -> str:
 
 def lab_image() -> str:
     return f"{REGISTRY}/{ENGINE_REPO}@{(STATE / 'engine-digest').read_text().strip()}"
+
+
+def short(image: str) -> str:
+    """An image as status.yml names it: the digest's first 12 hex digits."""
+    return image[: image.index("@sha256:") + len("@sha256:") + 12]
+
+
+def supervisor(lab) -> dict:
+    return json.loads(lab.ssh("head", f"cat {STATE_DIR}/supervisor-state.json").stdout)
 
 
 def record_of(lab) -> dict:
@@ -144,9 +153,12 @@ def test_an_upgrade_that_fails_rolls_back_by_itself(serving, fault, named):
     assert after["current"]["image"] == lab_image()
     assert after["last_failed"]["image"] == broken and named in after["last_failed"]["reason"]
     assert smoke_passes()
-    assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0, (
-        "lock given back"
-    )
-    record(
-        f"upgrade to a broken image ({fault})", None, f"rolled back by itself; the run took {seconds:.0f} s"
-    )
+    lock = lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False)
+    assert lock.returncode != 0, "the lock is given back, so the supervisor watches the restored ranks"
+    assert wait_for(lambda: supervisor(lab)["state"] == "healthy", timeout=60), supervisor(lab)
+    assert supervisor(lab)["last_action"]["action"] == "adopt", "it took the restored group over"
+    shown, _ = run_playbook("playbooks/status.yml")
+    assert shown.returncode == 0, shown.stdout[-3000:]
+    assert f"deployment: {short(lab_image())}" in shown.stdout, shown.stdout[-3000:]
+    assert f"last failed switch: {short(broken)}" in shown.stdout
+    record(f"upgrade to a broken image ({fault})", None, f"rolled back by itself; run {seconds:.0f} s")

@@ -79,9 +79,13 @@ MIDDLE = {
 
 
 def lock_plays() -> tuple[dict, dict]:
-    """site.yml's first and last plays, which must be the lock's."""
+    """site.yml's first and last plays, which must be the lock's (the last one ends with the task
+    that fails a run whose switch failed, once the lock is given back)."""
     plays = yaml.safe_load((REPO / "playbooks" / "site.yml").read_text())
     first, last = plays[0], plays[-1]
+    task, *after = last["tasks"]
+    assert [t["ansible.builtin.include_role"]["tasks_from"] for t in after] == ["outcome.yml"]
+    last = {**last, "tasks": [task]}
     for play, state in ((first, "acquired"), (last, "released")):
         (task,) = play["tasks"]
         assert task["ansible.builtin.include_role"]["tasks_from"] == "lock.yml"
@@ -366,7 +370,13 @@ def test_a_second_run_while_the_first_holds_the_lock_stops_naming_it(cases):
 def test_every_deploying_playbook_takes_the_lock_first_and_gives_it_back_last(name):
     plays = yaml.safe_load((REPO / "playbooks" / f"{name}.yml").read_text())
     site_first, site_last = lock_plays()
-    assert (plays[0], plays[-1]) == (site_first, site_last)
+    last = {**plays[-1], "tasks": plays[-1]["tasks"][:1]}
+    assert (plays[0], last) == (site_first, site_last)
+    # After the lock is given back, at most the task that fails a run whose switch failed.
+    assert [t["ansible.builtin.include_role"]["tasks_from"] for t in plays[-1]["tasks"][1:]] in (
+        [],
+        ["outcome.yml"],
+    )
     assert site_first["any_errors_fatal"] is True, "a refused lock stops every host"
     assert all("deployment_lock_state" not in json.dumps(play) for play in plays[1:-1])
 
@@ -390,7 +400,10 @@ def test_restart_gets_the_lock_from_site_even_for_the_ranks_alone():
     assert listed.returncode == 0, listed.stderr
     tasks = re.findall(r"^ {6}(\S.*?)\tTAGS", listed.stdout, flags=re.MULTILINE)
     assert tasks[0] == "Take the deployment lock on the head"
-    assert tasks[-1] == "Give the deployment lock back on the head"
+    assert tasks[-2:] == [
+        "Give the deployment lock back on the head",
+        "Fail the run naming a switch that failed",
+    ]
 
 
 def test_a_run_whose_lock_was_taken_over_leaves_the_new_holders_lock(cases):
