@@ -70,8 +70,11 @@ _value:
       description: One line per problem, naming the node, the rank or the part and what is wrong.
       type: list
       elements: str
+    deployments:
+      description: The deployment record given, or null.
+      type: dict
     table:
-      description: The nodes, the API and the supervisor as lines of text, ending with the verdict.
+      description: The nodes, the API, the record and the supervisor as lines, ending with the verdict.
       type: str
 """
 
@@ -92,9 +95,10 @@ def deployment_health_filter(
             supervisor_interval=float(supervisor_interval),
             deployments=deployments if isinstance(deployments, dict) else None,
         )
+        table = health_table(report)
     except (KeyError, TypeError, ValueError) as exc:
         raise AnsibleFilterError(f"deployment_health: {exc}") from exc
-    return {**report, "table": health_table(report)}
+    return {**report, "table": table}
 
 
 class FilterModule:

@@ -55,6 +55,14 @@ def rank_problem(node: dict[str, Any]) -> str | None:
     return f"{name}: container {status.get('container')} is {state}"
 
 
+def supervisor_written(supervisor: dict[str, Any] | None, interval: float, now: float) -> float | None:
+    """When a running supervisor wrote its state (None: no state, or older than STALE_INTERVALS)."""
+    updated = supervisor.get("updated") if isinstance(supervisor, dict) else None
+    if isinstance(updated, (int, float)) and now - updated <= STALE_INTERVALS * interval:
+        return updated
+    return None
+
+
 def supervisor_problem(
     supervisor: dict[str, Any] | None, enabled: bool, interval: float, now: float
 ) -> str | None:
@@ -63,35 +71,36 @@ def supervisor_problem(
         return None
     if not isinstance(supervisor, dict):
         return "supervisor: no state written (is dsv41-supervisor running on the head?)"
-    updated = supervisor.get("updated")
-    if not isinstance(updated, (int, float)) or now - updated > STALE_INTERVALS * interval:
-        return f"supervisor: not running (its state was last written {_when(updated)})"
+    if supervisor_written(supervisor, interval, now) is None:
+        return f"supervisor: not running (its state was last written {_when(supervisor.get('updated'))})"
     state = supervisor.get("state")
     if state in SERVING_STATES:
         return None
     return f"supervisor: {state} - {supervisor.get('reason') or 'no reason given'}"
 
 
-def api_problems(api: dict[str, Any], now: float) -> list[str]:
+def api_problems(api: dict[str, Any], supervisor_as_of: float | None) -> list[str]:
     """Why the API is not serving: ``/health`` not 200, or requests running and no new token for
     ``hang_seconds`` - the supervisor's hang rule, with its threshold and its ``last_progress``
-    (when it last saw a new token or nothing running)."""
+    (when it last saw a new token or nothing running), as of ``supervisor_as_of`` (when it wrote
+    them; ``None`` when its state is not current, which says nothing about a hang)."""
     problems = []
     health = api.get("health")
     if health != 200:
         problems.append(f"API: /health answered {health}" if health else "API: no answer on /health")
     running, last_progress, hang_seconds = (api.get(k) for k in ("running", "last_progress", "hang_seconds"))
     if (
-        isinstance(hang_seconds, (int, float))
+        supervisor_as_of is not None
+        and isinstance(hang_seconds, (int, float))
         and hang_seconds > 0
         and isinstance(running, (int, float))
         and running > 0
         and isinstance(last_progress, (int, float))
-        and now - last_progress >= hang_seconds
+        and supervisor_as_of - last_progress >= hang_seconds
     ):
         problems.append(
             f"API: hung - {_count(running)} request(s) running, no new tokens for"
-            f" {now - last_progress:.0f} s (hang threshold {hang_seconds:g} s)"
+            f" {supervisor_as_of - last_progress:.0f} s (hang threshold {hang_seconds:g} s)"
         )
     return problems
 
@@ -126,7 +135,9 @@ def deployment_health(
         for node in nodes
         if isinstance(node.get("status"), dict) and node["status"].get("memguard_last_kill")
     ]
-    problems += api_problems(api, now)
+    # A hang is judged by the supervisor's own observations, and only while it makes them.
+    written = supervisor_written(supervisor, supervisor_interval, now) if supervisor_enabled else None
+    problems += api_problems(api, written)
     if problem := supervisor_problem(supervisor, supervisor_enabled, supervisor_interval, now):
         problems.append(problem)
     return {

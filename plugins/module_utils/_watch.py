@@ -5,36 +5,43 @@
 
 Internal to sparkserve.dsv41; not a public API. Stdlib only, pure.
 
-The watch starts while the old ranks serve. Answers before the first failure are the old ranks';
-the first answer after a failure is the new ranks'. The downtime is the time between the last
-old answer and the first new one, which is what a client sees.
+The watch starts while the old ranks serve. A gap is ``gap_failures`` unanswered questions in a
+row (one lost under load is not the old ranks stopping); answers before it are the old ranks', the
+first answer after it the new ranks'. The downtime is the time between the last old answer and
+the first new one, which is what a client sees.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Unanswered questions in a row that make a gap.
+GAP_FAILURES = 2
+
 
 @dataclass
 class GapWatch:
     started: float
+    gap_failures: int = GAP_FAILURES
     last_old_answer: float | None = None
     down_since: float | None = None
     first_new_answer: float | None = None
     probes: int = 0
     failures: int = 0
+    in_a_row: int = 0
 
     def observe(self, answered: bool, now: float) -> bool:
         """Count one probe; True once the API answered again after a gap."""
         self.probes += 1
         if answered:
             if self.down_since is None:
-                self.last_old_answer = now
+                self.last_old_answer, self.in_a_row = now, 0
             else:
                 self.first_new_answer = now
         else:
             self.failures += 1
-            if self.down_since is None:
+            self.in_a_row += 1
+            if self.down_since is None and self.in_a_row >= self.gap_failures:
                 self.down_since = now
         return self.done
 
@@ -63,5 +70,8 @@ class GapWatch:
         if self.done:
             return f"the API did not answer for {self.downtime:.1f} s ({self.failures} failed probes)"
         if self.down_since is None:
-            return f"the API answered all {self.probes} probes: no gap seen"
-        return f"the API has not answered since {self.failures} probes ago"
+            return (
+                f"no gap seen in {self.probes} probes"
+                f" ({self.failures} unanswered, none {self.gap_failures} in a row)"
+            )
+        return f"the API has not answered for the last {self.in_a_row} probes"

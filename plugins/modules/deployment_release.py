@@ -20,6 +20,8 @@ description:
   - O(state=planned) reads the record and says what this run deploys (RV(plan)) - C(first) (nothing
     recorded yet), C(none) (O(image) and O(revision) serve already), C(switch) (they differ from
     C(current)) or, with O(rollback=true), C(rollback) (to C(previous)). It never changes anything.
+  - The roles pass no O(revision) yet (a new checkpoint revision is not deployed side by side), so
+    their switches are switches of image.
   - O(state=committed) records O(image) and O(revision) as C(current), once they serve and passed the smoke
     checks, and the old C(current) as C(previous). Recording what is current already changes nothing.
   - O(state=failed) records a switch to O(image) and O(revision) that failed, with O(reason); C(current)
@@ -137,6 +139,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
+    FileContentError,
     read_text,
     write_atomically,
 )
@@ -184,7 +187,7 @@ def main() -> None:
         else:
             after = failed(record, target, reason=params["reason"], now=now)
             msg = f"recorded the failed switch: {describe(after['last_failed'])}"
-    except ReleaseError as exc:
+    except (ReleaseError, FileContentError) as exc:
         module.fail_json(msg=str(exc), path=path)
     except OSError as exc:
         module.fail_json(msg=f"cannot read {path}: {exc.strerror or exc}", path=path)

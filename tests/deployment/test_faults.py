@@ -292,8 +292,7 @@ def test_status_yml_exits_non_zero_naming_each_degraded_state(supervised, key, f
                 traffic.set()
     assert degraded.returncode != 0, degraded.stdout[-3000:]
     assert problem in degraded.stdout, degraded.stdout[-3000:]
-    assert wait_for(lambda: settled(lab), timeout=180, interval=2), supervisor_log(lab)[-3000:]
-    assert status().returncode == 0
+    # The next case's key fixture waits until the supervisor has healed it.
 
 
 def test_a_rank_that_cannot_start_makes_the_supervisor_give_up_and_site_yml_brings_it_back(supervised, key):
@@ -424,14 +423,14 @@ def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_mem
 
 def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_partials(lab, tmp_path):
     """The head's download killed mid-file, as a reboot would: a throttled hub of its own (the lab's
-    checkpoint at 0.5 MB/s, one file at a time) and a model directory of its own."""
+    checkpoint at 1 MB/s, one file at a time) and a model directory of its own."""
     model_dir = "/home/spark/models/interrupted-download"
     access_log = tmp_path / "access.log"
     hub = subprocess.Popen(
         [sys.executable, str(REPO / "lab" / "standins" / "hub" / "hf_hub_standin.py"),
          "--root", str(STATE / "hub"),
          "--host", "0.0.0.0", "--port", "5090", "--token-file", str(STATE / "hub-token"),
-         "--access-log", str(access_log), "--throttle-mbps", "0.5"],
+         "--access-log", str(access_log), "--throttle-mbps", "1"],
     )  # fmt: skip
     args = ["--tags", "checkpoint", "--limit", "head", "-e", json.dumps({
         "deployment_model_dir": model_dir, "checkpoint_download_workers": 1,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 COLLECTIONS = Path(__file__).resolve().parents[4] / "collections"
@@ -44,11 +45,13 @@ def apply(*cases) -> list[dict]:
 
 
 def test_the_filter_judges_and_adds_the_table_and_refuses_what_is_not_a_node_list():
-    stalled = {**API, "running": 1, "last_progress": 1_000_000_000, "hang_seconds": 60}
+    written = time.time()
+    watching = {"state": "healthy", "updated": written}
+    stalled = {**API, "running": 1, "last_progress": written - 100, "hang_seconds": 60}
     healthy, degraded, hung, refused = apply(
         [[[NODE], API], {"supervisor_enabled": False}],
         [[[NODE], {**API, "health": 503}], {"supervisor_enabled": False}],
-        [[[NODE], stalled], {"supervisor_enabled": False}],
+        [[[NODE], stalled, watching], {}],
         [["head", API], {}],
     )
     assert healthy["value"]["healthy"] is True

@@ -107,8 +107,9 @@ def test_an_api_that_does_not_answer_200_is_degraded(api, problem):
 
 
 def stalled(running, seconds: float) -> dict:
-    """The API as the supervisor last saw it: ``running`` requests, no new token for ``seconds``."""
-    return {**API, "running": running, "last_progress": NOW - seconds, "hang_seconds": 60}
+    """The API as the supervisor last saw it: ``running`` requests, no new token for ``seconds``
+    when it last wrote its state."""
+    return {**API, "running": running, "last_progress": SUPERVISOR["updated"] - seconds, "hang_seconds": 60}
 
 
 @pytest.mark.parametrize(
@@ -126,6 +127,21 @@ def stalled(running, seconds: float) -> dict:
 )  # fmt: skip
 def test_requests_running_without_new_tokens_past_the_hang_threshold_is_a_hang(api, problem):
     assert verdict(api=api)["problems"] == ([problem] if problem else [])
+
+
+@pytest.mark.parametrize(
+    ("supervisor", "enabled", "problems"),
+    [
+        pytest.param({**SUPERVISOR, "updated": NOW - 31}, True,
+                     ["supervisor: not running (its state was last written 2027-01-15 07:59:29 UTC)"],
+                     id="stale"),
+        pytest.param(SUPERVISOR, False, [], id="switched-off"),
+    ],
+)  # fmt: skip
+def test_a_hang_is_not_judged_from_a_supervisor_that_no_longer_watches(supervisor, enabled, problems):
+    """Its last state may say requests were running: that says nothing about now."""
+    api = {**API, "running": 2, "last_progress": NOW - 600, "hang_seconds": 60}
+    assert verdict(api=api, supervisor=supervisor, supervisor_enabled=enabled)["problems"] == problems
 
 
 @pytest.mark.parametrize(

@@ -58,13 +58,16 @@ def test_bad_input_fails_before_anything_changes(tmp_path, run_module):
     path = tmp_path / "deployments.json"
     path.write_text("not json")
     before = snapshot(tmp_path)
-    broken = run_module(
-        deployment_release, {"path": str(path), "image": NEW, "state": "committed", "smoke": "ok"}
-    )
+    commit = {"path": str(path), "image": NEW, "state": "committed", "smoke": "ok"}
+    broken = run_module(deployment_release, commit)
     assert broken.failed and broken["msg"].startswith(f"{path} is not JSON")
+    assert snapshot(tmp_path) == before, "the unreadable record is left as it was"
+    path.write_bytes(b"\xff\xfe")
+    garbled = run_module(deployment_release, commit)
+    assert garbled.failed and str(path) in garbled["msg"]
     path.unlink()
     nothing = run_module(deployment_release, {"path": str(path), "image": NEW, "rollback": True})
     assert nothing.failed and "no previous deployment is recorded" in nothing["msg"]
     missing = run_module(deployment_release, {"path": str(path), "image": NEW, "state": "failed"})
     assert missing.failed and "reason" in missing["msg"]
-    assert snapshot(tmp_path) != before and not path.exists()
+    assert not path.exists(), "a refused task writes no record"
