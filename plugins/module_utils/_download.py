@@ -35,8 +35,8 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import 
     ProgressWriter,
     human_bytes,
 )
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import HF_DOWNLOAD_CACHE, is_commit
 
-HF_DOWNLOAD_CACHE = os.path.join(".cache", "huggingface", "download")
 # Never part of the checkpoint's listing: huggingface_hub's metadata and our verification records.
 SKIPPED_TOP_DIRS = frozenset({".cache"})
 
@@ -55,6 +55,8 @@ class HubMissing(DownloadError):
 
 class Hub(Protocol):
     """What the download needs of a hub client."""
+
+    def commit(self, repo_id: str, revision: str | None) -> str: ...
 
     def list_files(self, repo_id: str, revision: str | None) -> dict[str, int]: ...
 
@@ -84,6 +86,9 @@ class HubClient:
         self.api = HfApi(endpoint=endpoint, token=token)
         self._snapshot_download = snapshot_download
         self._filter = filter_repo_objects
+
+    def commit(self, repo_id: str, revision: str | None) -> str:
+        return self.api.model_info(repo_id, revision=revision).sha
 
     def list_files(self, repo_id: str, revision: str | None) -> dict[str, int]:
         tree = self.api.list_repo_tree(repo_id, revision=revision, recursive=True)
@@ -273,6 +278,34 @@ def list_expected(
     except Exception as exc:  # the hub's errors are many; the download itself decides what they mean
         return {}, _first_line(exc)
     return {name: sizes[name] for name in selected}, None
+
+
+def resolve_commit(
+    hub: Hub, repo_id: str, revision: str | None, on_disk: list[str]
+) -> tuple[str, str | None]:
+    """``(commit, warning)``: the commit ``revision`` (a branch, tag or commit; ``None``: main) is now.
+
+    A 40-hex ``revision`` is a commit already and needs no hub. When the hub cannot be asked, the
+    only revision ``on_disk`` keeps serving (with a warning), as a single directory did before;
+    with several, guessing could switch to one that failed, so :class:`DownloadError` says how to
+    pin one.
+    """
+    if revision and is_commit(revision):
+        return revision, None
+    try:
+        return hub.commit(repo_id, revision), None
+    except Exception as exc:  # the hub's errors are many; all mean "not known now"
+        why = _first_line(exc)
+    if len(on_disk) == 1:
+        return on_disk[0], (
+            f"WARNING: the hub did not resolve {repo_id} revision {revision or 'main'} ({why});"
+            f" keeping the only revision on disk, {on_disk[0]}"
+        )
+    held = ", ".join(on_disk) if on_disk else "none"
+    raise DownloadError(
+        f"the hub did not resolve {repo_id} revision {revision or 'main'} ({why}); revisions on disk: {held}."
+        " To run without the hub, set checkpoint_revision to the commit of one of them"
+    )
 
 
 # --------------------------------------------------------------------------- the download

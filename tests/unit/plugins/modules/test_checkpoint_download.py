@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _checkpoint as ck
-from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_download
+from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_download, checkpoint_revision
 from dir_snapshot import snapshot
 
 pytest.importorskip("huggingface_hub")
@@ -215,3 +215,31 @@ def test_workers_must_be_positive(tmp_path, run_module):
     result = run_module(checkpoint_download, {"repo_id": REPO_ID, "model_dir": str(tmp_path), "workers": 0})
     assert result.failed
     assert "workers must be at least 1" in result["msg"]
+
+
+def test_checkpoint_revision_resolves_main_to_the_commit_the_download_records(
+    hub, download, tmp_path, run_module
+):
+    """The commit names the revision directory: it must be the one huggingface_hub records."""
+    token_file = tmp_path / "hf-token"
+    token_file.write_text(hub["token"])
+    args = {
+        "root": str(tmp_path / "root"),
+        "repo_id": REPO_ID,
+        "endpoint": hub["url"],
+        "token_file": str(token_file),
+    }
+    resolved = run_module(checkpoint_revision, args, check_mode=True)
+    assert not resolved.failed, resolved
+    assert (resolved["exists"], resolved["warning"]) == (False, None)
+    assert hub["token"] not in json.dumps(resolved)
+    downloaded = download(Path(resolved["model_dir"]), token_file)
+    assert not downloaded.failed, downloaded
+    metadata = Path(resolved["model_dir"]) / ".cache/huggingface/download/config.json.metadata"
+    assert metadata.read_text().splitlines()[0] == resolved["commit"]
+    # A wrong token: the hub does not answer, and the only revision on disk keeps serving.
+    token_file.write_text(WRONG_TOKEN)
+    offline = run_module(checkpoint_revision, args)
+    assert (offline["commit"], offline["changed"]) == (resolved["commit"], False)
+    assert offline["warning"].startswith("WARNING: the hub did not resolve")
+    assert WRONG_TOKEN not in json.dumps(offline)

@@ -1,0 +1,226 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""Checkpoint revisions side by side under a model root.
+
+Internal to sparkserve.dsv41; not a public API. Stdlib only (the ``checkpoint_revision`` module
+resolves a revision with ``huggingface_hub`` through ``_download.HubClient``).
+
+Each revision lives in ``<root>/revisions/<commit>``: a new one is downloaded, verified and copied
+next to the one the ranks mount, which keeps serving until the switch. A directory of the older
+single-directory layout (the checkpoint straight in ``<root>``, as the original ``download.sh``
+and earlier versions of this collection left it) is *adopted*: renamed as a whole into
+``<root>/revisions/<commit>``. A rename keeps the directory's inode, so ranks that mount it keep
+their files, and its verification records move with it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import time
+from typing import Any
+
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import (
+    DEFAULT_STATE_FILE,
+    write_file_atomically,
+)
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
+    FileContentError,
+    read_text,
+)
+
+REVISIONS = "revisions"
+# What the adoption recorded: the commit the single directory became (a worker that received its
+# copy from the head is adopted under the same name).
+ADOPTED_FILE = ".adopted.json"
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# Names that make a directory a checkpoint of the single-directory layout.
+_CHECKPOINT_MARKERS = ("config.json", "sha256-manifest.txt", "model.safetensors.index.json", ".cache")
+# huggingface_hub's metadata of a file downloaded with local_dir: commit, etag, time, one per line.
+HF_DOWNLOAD_CACHE = os.path.join(".cache", "huggingface", "download")
+
+
+class RevisionError(ValueError):
+    """The layout cannot be brought where it should be without guessing; nothing was changed."""
+
+
+def is_commit(name: str) -> bool:
+    return bool(COMMIT_RE.match(name))
+
+
+def revisions_dir(root: str) -> str:
+    return os.path.join(root, REVISIONS)
+
+
+def revision_path(root: str, commit: str) -> str:
+    return os.path.join(root, REVISIONS, commit)
+
+
+def staging_path(root: str) -> str:
+    """Where the single directory waits while the layout around it is built (a sibling of
+    ``root``, so on its filesystem)."""
+    parent, name = os.path.split(os.path.abspath(root))
+    return os.path.join(parent, f".{name}.adopting")
+
+
+def list_revisions(root: str) -> list[str]:
+    """The revision directories under ``root``, newest (by modification time) first."""
+    base = revisions_dir(root)
+    try:
+        entries = [entry for entry in os.scandir(base) if not entry.name.startswith(".") and entry.is_dir()]
+    except FileNotFoundError:
+        return []
+    return [
+        entry.name for entry in sorted(entries, key=lambda e: (e.stat().st_mtime_ns, e.name), reverse=True)
+    ]
+
+
+def is_single_directory(root: str) -> bool:
+    """``root`` holds a checkpoint itself (the single-directory layout)."""
+    try:
+        names = set(os.listdir(root))
+    except FileNotFoundError:
+        return False
+    return any(marker in names for marker in _CHECKPOINT_MARKERS) or any(
+        ".safetensors" in name for name in names
+    )
+
+
+def metadata_commits(model_dir: str) -> collections.Counter[str]:
+    """How many of huggingface_hub's local-dir metadata files name each commit."""
+    counts: collections.Counter[str] = collections.Counter()
+    for directory, _dirs, files in os.walk(os.path.join(model_dir, HF_DOWNLOAD_CACHE)):
+        for name in files:
+            if not name.endswith(".metadata"):
+                continue
+            try:
+                first = (read_text(os.path.join(directory, name)) or "").split("\n", 1)[0].strip()
+            except (OSError, FileContentError):
+                continue
+            if is_commit(first):
+                counts[first] += 1
+    return counts
+
+
+def read_adopted(root: str) -> str | None:
+    """The commit an earlier adoption named the single directory, if one happened here."""
+    try:
+        data = json.loads(read_text(os.path.join(revisions_dir(root), ADOPTED_FILE)) or "null")
+    except (OSError, FileContentError, ValueError):
+        return None
+    commit = data.get("commit") if isinstance(data, dict) else None
+    return commit if isinstance(commit, str) and is_commit(commit) else None
+
+
+def adoption_plan(root: str, adopt_as: str | None) -> dict[str, Any] | None:
+    """What adopting ``root`` does (``{source, commit, why}``), ``None`` when there is nothing to adopt.
+
+    The name comes from the directory itself (the commit huggingface_hub recorded for its files),
+    else from ``adopt_as``. Raises :class:`RevisionError` when neither says: a wrong name would let
+    a later download rewrite the files the ranks are serving.
+    """
+    staged = staging_path(root)
+    source = staged if os.path.isdir(staged) else root if is_single_directory(root) else None
+    if source is None:
+        return None
+    commits = metadata_commits(source)
+    if commits:
+        commit, count = commits.most_common(1)[0]
+        why = f"huggingface_hub's metadata names commit {commit} for {count} of its files"
+    elif adopt_as:
+        if not is_commit(adopt_as):
+            raise RevisionError(f"the commit to adopt {root} as must be 40 hex digits, got {adopt_as!r}")
+        commit, why = adopt_as, "the commit it was given (no huggingface_hub metadata in it)"
+    else:
+        raise RevisionError(
+            f"{root} holds a checkpoint of the single-directory layout with no huggingface_hub metadata"
+            " naming its commit; set checkpoint_adopt_revision to the commit it holds, so it is moved to"
+            f" {revision_path(root, '<commit>')} (nothing was changed)"
+        )
+    target = revision_path(root, commit)
+    if os.path.exists(target):
+        raise RevisionError(
+            f"{root} holds a checkpoint of the single-directory layout, and {target} exists already;"
+            " move one of them away (nothing was changed)"
+        )
+    return {"source": source, "commit": commit, "why": why}
+
+
+def _rewrite_state_file(model_dir: str, old_dir: str) -> bool:
+    """Point the verification records at the directory's new path (their files did not change)."""
+    path = os.path.join(model_dir, DEFAULT_STATE_FILE)
+    try:
+        text = read_text(path)
+        data = json.loads(text) if text else None
+    except (OSError, FileContentError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("model_dir") != os.path.abspath(old_dir):
+        return False
+    data["model_dir"] = os.path.abspath(model_dir)
+    write_file_atomically(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    return True
+
+
+def adopt(root: str, plan: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """Carry out :func:`adoption_plan`; each step can be interrupted and the next call goes on."""
+    root = os.path.abspath(root)
+    staged = staging_path(root)
+    mode = os.stat(plan["source"]).st_mode & 0o7777
+    if plan["source"] == root:
+        os.rename(root, staged)
+    os.makedirs(revisions_dir(root), exist_ok=True)
+    os.chmod(root, mode)
+    target = revision_path(root, plan["commit"])
+    os.rename(staged, target)
+    records_moved = _rewrite_state_file(target, root)
+    document = {"commit": plan["commit"], "from": root, "time": time.time() if now is None else now}
+    write_file_atomically(
+        os.path.join(revisions_dir(root), ADOPTED_FILE), (json.dumps(document) + "\n").encode()
+    )
+    return {"commit": plan["commit"], "path": target, "records_moved": records_moved}
+
+
+def prune_plan(root: str, keep: list[str], keep_count: int) -> dict[str, list[str]]:
+    """Which revision directories stay and which go: every one named in ``keep``, then the newest
+    others up to ``keep_count`` in all."""
+    present = list_revisions(root)
+    wanted = [name for name in dict.fromkeys(keep) if name and name in present]
+    others = [name for name in present if name not in wanted]
+    room = max(0, keep_count - len(wanted))
+    return {"kept": wanted + others[:room], "removed": others[room:]}
+
+
+def remove_revisions(root: str, names: list[str]) -> None:
+    """Remove ``names``, and what an interrupted removal left."""
+    for name in names:
+        # Renamed first, so that an interrupted removal never leaves a half revision under its name.
+        os.rename(revision_path(root, name), os.path.join(revisions_dir(root), f".{name}.removing"))
+    for doomed in leftover_removals(root):
+        shutil.rmtree(doomed)
+
+
+def leftover_removals(root: str) -> list[str]:
+    """Removals an interrupted run did not finish."""
+    try:
+        return [
+            os.path.join(revisions_dir(root), name)
+            for name in os.listdir(revisions_dir(root))
+            if name.startswith(".") and name.endswith(".removing")
+        ]
+    except FileNotFoundError:
+        return []
+
+
+def tree_size(path: str) -> int:
+    total = 0
+    for directory, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                continue
+    return total

@@ -1,0 +1,287 @@
+#!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""Ansible module: checkpoint revisions side by side under a model root."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: checkpoint_revision
+short_description: Keep checkpoint revisions side by side under a model root
+version_added: 0.1.0
+author: sparkserve maintainers (@sparkserve)
+description:
+  - Each checkpoint revision lives in C(<root>/revisions/<commit>), so that a new revision is
+    downloaded, verified and copied next to the one the ranks mount, which keeps serving until the
+    switch.
+  - O(state=present) gives the directory of a revision - O(commit), or O(revision) of O(repo_id)
+    resolved to its commit by the hub (C(huggingface_hub), so the task runs with the download
+    virtualenv's Python). When the hub cannot be asked and O(root) holds a single revision, that one
+    is kept, with a warning; with several, the module fails asking for a pinned commit.
+  - O(state=present) also adopts a checkpoint of the single-directory layout (the checkpoint straight
+    in O(root), as the original C(download.sh) and earlier versions of this collection left it): the
+    directory is renamed as a whole to C(<root>/revisions/<commit>). A rename keeps its inode, so
+    ranks that mount it keep serving, and the verification records of
+    M(sparkserve.dsv41.checkpoint_shards) move with it. The commit comes from C(huggingface_hub)'s
+    metadata in the directory, else from O(adopt_as); the module fails before changing anything when
+    neither names it. An interrupted adoption is finished by the next run.
+  - O(state=pruned) removes the revision directories beyond O(keep_count), keeping every one named in
+    O(keep) (the current deployment's, then the previous one's) and then the newest others. A
+    directory is renamed before it is removed, so an interrupted removal never leaves half a
+    revision under a commit's name; the next run finishes it.
+options:
+  root:
+    description: The model root - the directory that holds C(revisions/).
+    type: path
+    required: true
+  state:
+    description: C(present) resolves and adopts; C(pruned) removes old revisions.
+    type: str
+    choices: [present, pruned]
+    default: present
+  commit:
+    description: The revision's commit, when it is known (a worker gets the head's).
+    type: str
+  repo_id:
+    description: The model repo, C(<owner>/<name>), whose O(revision) the hub resolves.
+    type: str
+  revision:
+    description: A branch, tag or commit of O(repo_id). Empty - C(main). A 40-hex commit needs no hub.
+    type: str
+    default: ""
+  token_file:
+    description: A file holding the hub token; read on the node, never a module argument.
+    type: path
+  endpoint:
+    description: The hub's URL. Empty - C(HF_ENDPOINT) from the environment, else C(https://huggingface.co).
+    type: str
+    default: ""
+  adopt_as:
+    description:
+      - The commit a checkpoint of the single-directory layout is adopted as when C(huggingface_hub)'s
+        metadata in it does not say (a worker's copy from the head has none; the head's adoption names
+        it). Ignored when the metadata says.
+    type: str
+  keep:
+    description: O(state=pruned) - the revisions that stay whatever O(keep_count) says, in order.
+    type: list
+    elements: str
+    default: []
+  keep_count:
+    description: O(state=pruned) - how many revisions stay in all (at least 1).
+    type: int
+    default: 2
+notes:
+  - Check mode resolves the revision (a read-only question to the hub) and changes nothing.
+seealso:
+  - module: sparkserve.dsv41.checkpoint_download
+  - module: sparkserve.dsv41.checkpoint_shards
+"""
+
+EXAMPLES = r"""
+- name: Resolve main to its commit and adopt a single directory
+  sparkserve.dsv41.checkpoint_revision:
+    root: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+    repo_id: 0xSero/DeepSeek-V4.1-Flash-Spark
+    token_file: /home/spark/.local/state/sparkserve/hf-token
+  vars:
+    ansible_python_interpreter: /home/spark/.local/state/sparkserve/hf-venv/bin/python
+  register: revision
+
+- name: Give a worker the head's revision directory
+  sparkserve.dsv41.checkpoint_revision:
+    root: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+    commit: "{{ revision.commit }}"
+    adopt_as: "{{ revision.adopted_commit }}"
+
+- name: Keep the current and the previous revision
+  sparkserve.dsv41.checkpoint_revision:
+    root: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+    state: pruned
+    keep: [4f1c0a5d0e6b1f2a3c4d5e6f708192a3b4c5d6e7, 9a8b7c6d5e4f30211fedcba98765432100112233]
+    keep_count: 2
+"""
+
+RETURN = r"""
+commit:
+  description: O(state=present) - the revision's commit.
+  returned: state is present
+  type: str
+  sample: 4f1c0a5d0e6b1f2a3c4d5e6f708192a3b4c5d6e7
+root:
+  description: O(root), absolute.
+  returned: always
+  type: str
+  sample: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+model_dir:
+  description: O(state=present) - the revision's directory, C(<root>/revisions/<commit>).
+  returned: state is present
+  type: str
+  sample: /home/spark/models/DeepSeek-V4.1-Flash-Spark/revisions/4f1c0a5d0e6b1f2a3c4d5e6f708192a3b4c5d6e7
+exists:
+  description: O(state=present) - whether that directory exists (after an adoption, when one ran).
+  returned: state is present
+  type: bool
+adopted:
+  description: The adoption this run did (or would do in check mode) - C({commit, why}) - or null.
+  returned: state is present
+  type: dict
+  sample:
+    commit: 4f1c0a5d0e6b1f2a3c4d5e6f708192a3b4c5d6e7
+    why: huggingface_hub's metadata names commit 4f1c0a5d0e6b1f2a3c4d5e6f708192a3b4c5d6e7 for 12 of its files
+adopted_commit:
+  description: The commit a single directory was adopted as on this node (this run or earlier), or null.
+  returned: state is present
+  type: str
+revisions:
+  description: The revision directories after the run, newest first.
+  returned: always
+  type: list
+  elements: str
+removed:
+  description: O(state=pruned) - the revisions removed (or that would be, in check mode).
+  returned: state is pruned
+  type: list
+  elements: str
+removed_bytes:
+  description: O(state=pruned) - their size.
+  returned: state is pruned
+  type: int
+warning:
+  description: Why the hub's answer was not used, or null.
+  returned: state is present
+  type: str
+msg:
+  description: One line saying what was (or would be) done.
+  returned: always
+  type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._download import (
+    DownloadError,
+    HubClient,
+    HubMissing,
+    hub_environment,
+    read_token,
+    resolve_commit,
+)
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import (
+    RevisionError,
+    adopt,
+    adoption_plan,
+    is_commit,
+    leftover_removals,
+    list_revisions,
+    prune_plan,
+    read_adopted,
+    remove_revisions,
+    revision_path,
+    tree_size,
+)
+
+
+def _present(module: AnsibleModule, root: str) -> dict:
+    params = module.params
+    planned = adoption_plan(root, params["adopt_as"])
+    adopted = None
+    if planned is not None:
+        adopted = {"commit": planned["commit"], "why": planned["why"]}
+        if not module.check_mode:
+            adopt(root, planned)
+    on_disk = list_revisions(root)
+    if planned is not None and module.check_mode:
+        on_disk = [planned["commit"], *on_disk]
+    warning = None
+    if params["commit"]:
+        commit = params["commit"]
+    else:
+        token = read_token(params["token_file"])
+        if token:
+            module.no_log_values.add(token)
+        hub = HubClient(hub_environment(os.environ, params["endpoint"]), token)
+        commit, warning = resolve_commit(hub, params["repo_id"], params["revision"] or None, on_disk)
+    if not is_commit(commit):
+        module.fail_json(msg=f"a revision's commit is 40 hex digits, got {commit!r}")
+    path = revision_path(root, commit)
+    exists = os.path.isdir(path) or (planned is not None and planned["commit"] == commit)
+    what = f"revision {commit} at {path}" + ("" if exists else " (to be fetched)")
+    if adopted:
+        verb = "would adopt" if module.check_mode else "adopted"
+        what = f"{verb} {root} as revision {adopted['commit']} ({adopted['why']}); {what}"
+    return {
+        "changed": adopted is not None,
+        "commit": commit,
+        "model_dir": path,
+        "exists": exists,
+        "adopted": adopted,
+        "adopted_commit": adopted["commit"] if adopted else read_adopted(root),
+        "revisions": on_disk,
+        "warning": warning,
+        "msg": what + (f"; {warning}" if warning else ""),
+    }
+
+
+def _pruned(module: AnsibleModule, root: str) -> dict:
+    params = module.params
+    if params["keep_count"] < 1:
+        module.fail_json(
+            msg=f"keep_count must be at least 1 (checkpoint_keep_revisions), got {params['keep_count']}"
+        )
+    planned = prune_plan(root, params["keep"], params["keep_count"])
+    leftovers = leftover_removals(root)
+    removed_bytes = sum(tree_size(os.path.join(root, "revisions", name)) for name in planned["removed"])
+    if not module.check_mode:
+        remove_revisions(root, planned["removed"])
+    verb = "would remove" if module.check_mode else "removed"
+    kept = ", ".join(planned["kept"]) or "none"
+    removed = ", ".join(planned["removed"])
+    msg = f"{verb} old revisions {removed}; kept {kept}" if removed else f"kept {kept}"
+    return {
+        "changed": bool(planned["removed"] or leftovers),
+        "removed": planned["removed"],
+        "removed_bytes": removed_bytes,
+        "revisions": planned["kept"] if not module.check_mode else list_revisions(root),
+        "msg": msg,
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "required": True},
+            "state": {"type": "str", "choices": ["present", "pruned"], "default": "present"},
+            "commit": {"type": "str"},
+            "repo_id": {"type": "str"},
+            "revision": {"type": "str", "default": ""},
+            "token_file": {"type": "path"},
+            "endpoint": {"type": "str", "default": ""},
+            "adopt_as": {"type": "str"},
+            "keep": {"type": "list", "elements": "str", "default": []},
+            "keep_count": {"type": "int", "default": 2},
+        },
+        mutually_exclusive=[("commit", "repo_id")],
+        required_if=[("state", "present", ("commit", "repo_id"), True)],
+        supports_check_mode=True,
+    )
+    root = os.path.abspath(module.params["root"])
+    try:
+        result = _present(module, root) if module.params["state"] == "present" else _pruned(module, root)
+    except HubMissing as exc:
+        module.fail_json(
+            msg=f"{missing_required_lib('huggingface_hub')} ({exc}) The sparkserve.dsv41.checkpoint role runs"
+            " this module with its download virtualenv's Python to resolve a revision."
+        )
+    except (RevisionError, DownloadError) as exc:
+        module.fail_json(msg=str(exc), root=root)
+    except OSError as exc:
+        module.fail_json(msg=f"cannot change {exc.filename or root}: {exc.strerror or exc}", root=root)
+    module.exit_json(root=root, **result)
+
+
+if __name__ == "__main__":
+    main()

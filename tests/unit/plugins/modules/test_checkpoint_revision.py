@@ -1,0 +1,242 @@
+"""Tests of the checkpoint_revision module and its helpers (module_utils/_revisions.py).
+
+The layouts are built as huggingface_hub and checkpoint_shards leave them: ``<file>.metadata`` under
+``.cache/huggingface/download`` (commit, etag, time) and ``.cache/sparkserve/verified.json``.
+Resolving against a real hub (the lab's stand-in) is in test_checkpoint_download.py's hub fixture;
+here a fake client stands in for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.sparkserve.dsv41.plugins.module_utils import _download, _revisions
+from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_revision
+from dir_snapshot import snapshot
+
+OLD = "1" * 40
+NEW = "2" * 40
+NEWER = "3" * 40
+
+
+def single_directory(root: Path, commit: str | None = OLD) -> Path:
+    """A checkpoint straight in ``root``, with huggingface_hub's metadata naming ``commit`` (or none)."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    (root / "model-00001-of-00006.safetensors").write_bytes(b"x" * 64)
+    if commit:
+        meta = root / ".cache" / "huggingface" / "download"
+        meta.mkdir(parents=True)
+        for name in ("config.json", "model-00001-of-00006.safetensors"):
+            (meta / f"{name}.metadata").write_text(f"{commit}\netag-{name}\n1796281902.0\n")
+    state = root / ".cache" / "sparkserve"
+    state.mkdir(parents=True)
+    (state / "verified.json").write_text(json.dumps({"version": 1, "model_dir": str(root), "files": {}}))
+    return root
+
+
+def revision(root: Path, commit: str, mtime: int) -> Path:
+    path = root / "revisions" / commit
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(commit)
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+class FakeHub:
+    def __init__(self, commit: str | None = None, error: Exception | None = None):
+        self._commit, self._error, self.asked = commit, error, []
+
+    def commit(self, repo_id, revision):
+        self.asked.append((repo_id, revision))
+        if self._error:
+            raise self._error
+        return self._commit
+
+
+def test_a_single_directory_is_renamed_whole_and_keeps_its_inode_and_records(tmp_path, run_module):
+    root = single_directory(tmp_path / "models" / "M")
+    inode = root.stat().st_ino
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    assert not result.failed, result
+    target = root / "revisions" / OLD
+    assert result["changed"] and result["adopted"]["commit"] == OLD
+    assert (result["model_dir"], result["exists"], result["adopted_commit"]) == (str(target), True, OLD)
+    # The same directory (a rank that mounts it keeps its files), now under its commit.
+    assert target.stat().st_ino == inode
+    assert sorted(os.listdir(root)) == ["revisions"]
+    assert json.loads((target / ".cache/sparkserve/verified.json").read_text())["model_dir"] == str(target)
+    assert json.loads((root / "revisions" / ".adopted.json").read_text())["commit"] == OLD
+    assert set(yaml.safe_load(checkpoint_revision.RETURN)) - {"removed", "removed_bytes"} == set(result) - {
+        "changed",
+        "invocation",
+    }
+    again = run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    assert (again["changed"], again["adopted"], again["adopted_commit"]) == (False, None, OLD)
+
+
+def test_the_metadata_names_the_commit_over_adopt_as(tmp_path, run_module):
+    root = single_directory(tmp_path / "M", commit=OLD)
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": NEW, "adopt_as": NEWER})
+    assert result["adopted"]["commit"] == OLD and "metadata" in result["adopted"]["why"]
+    # The wanted revision is another one: it is fetched next to the adopted one.
+    assert (result["commit"], result["exists"]) == (NEW, False)
+    assert (root / "revisions" / OLD / "config.json").is_file()
+
+
+def test_a_copy_without_metadata_is_adopted_as_given(tmp_path, run_module):
+    root = single_directory(tmp_path / "M", commit=None)
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD, "adopt_as": OLD})
+    assert result["adopted"]["commit"] == OLD and (root / "revisions" / OLD / "config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("adopt_as", "complaint"),
+    [(None, "set checkpoint_adopt_revision"), ("main", "must be 40 hex digits")],
+)
+def test_an_unnamed_single_directory_fails_before_anything_changes(tmp_path, run_module, adopt_as, complaint):
+    root = single_directory(tmp_path / "M", commit=None)
+    before = snapshot(tmp_path)
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD, "adopt_as": adopt_as})
+    assert result.failed and complaint in result["msg"], result
+    assert snapshot(tmp_path) == before
+
+
+def test_adoption_refuses_to_overwrite_a_revision_of_that_name(tmp_path, run_module):
+    root = single_directory(tmp_path / "M", commit=OLD)
+    revision(root, OLD, 1_000)
+    before = snapshot(tmp_path)
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    assert result.failed and "exists already" in result["msg"]
+    assert snapshot(tmp_path) == before
+
+
+def test_an_interrupted_adoption_is_finished(tmp_path, run_module):
+    root = single_directory(tmp_path / "M", commit=OLD)
+    # Killed right after the first rename: the directory waits beside the root.
+    os.rename(root, _revisions.staging_path(str(root)))
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    assert result["adopted"]["commit"] == OLD
+    assert (root / "revisions" / OLD / "config.json").is_file()
+    assert not os.path.exists(_revisions.staging_path(str(root)))
+
+
+def test_check_mode_reports_the_adoption_and_changes_nothing(tmp_path, run_module):
+    root = single_directory(tmp_path / "M", commit=OLD)
+    before = snapshot(tmp_path)
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD}, check_mode=True)
+    assert result["changed"] and result["msg"].startswith("would adopt") and result["exists"]
+    assert result["revisions"] == [OLD]
+    assert snapshot(tmp_path) == before
+
+
+def test_a_fresh_root_is_left_for_the_download(tmp_path, run_module):
+    result = run_module(checkpoint_revision, {"root": str(tmp_path / "M"), "commit": NEW})
+    assert (result["changed"], result["exists"], result["adopted_commit"], result["revisions"]) == (
+        False,
+        False,
+        None,
+        [],
+    )
+
+
+@pytest.mark.parametrize("commit", ["main", "2" * 39, "G" * 40])
+def test_a_commit_that_is_not_one_fails(tmp_path, run_module, commit):
+    result = run_module(checkpoint_revision, {"root": str(tmp_path), "commit": commit})
+    assert result.failed and "40 hex digits" in result["msg"]
+
+
+def test_present_needs_a_commit_or_a_repo(tmp_path, run_module):
+    result = run_module(checkpoint_revision, {"root": str(tmp_path)})
+    assert result.failed and "commit, repo_id" in result["msg"]
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+@pytest.mark.parametrize(
+    ("revision", "hub", "on_disk", "expected"),
+    [
+        # A commit needs no hub.
+        (NEW, FakeHub(error=AssertionError("not asked")), [], (NEW, None)),
+        (None, FakeHub(commit=NEWER), [OLD, NEW], (NEWER, None)),
+        ("v2", FakeHub(commit=NEW), [], (NEW, None)),
+    ],
+)
+def test_a_revision_resolves_to_its_commit(revision, hub, on_disk, expected):
+    assert _download.resolve_commit(hub, "o/r", revision, on_disk) == expected
+
+
+def test_without_the_hub_the_only_revision_on_disk_keeps_serving():
+    commit, warning = _download.resolve_commit(FakeHub(error=ConnectionError("refused")), "o/r", None, [OLD])
+    assert commit == OLD
+    assert warning == (
+        f"WARNING: the hub did not resolve o/r revision main (ConnectionError: refused); keeping the only"
+        f" revision on disk, {OLD}"
+    )
+
+
+@pytest.mark.parametrize("on_disk", [[], [OLD, NEW]])
+def test_without_the_hub_and_no_single_revision_the_run_asks_for_a_pinned_commit(on_disk):
+    with pytest.raises(_download.DownloadError, match="set checkpoint_revision to the commit"):
+        _download.resolve_commit(FakeHub(error=ConnectionError("refused")), "o/r", "main", on_disk)
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # The current and the previous stay; the oldest goes.
+        ([NEWER, NEW], 2, [NEWER, NEW], [OLD]),
+        # Named ones stay even beyond the count (a rollback target is never removed).
+        ([OLD, NEW], 1, [OLD, NEW], [NEWER]),
+        # Room left: the newest others fill it.
+        ([OLD], 2, [OLD, NEWER], [NEW]),
+        # An empty or unknown name (a deployment recorded before revisions) keeps nothing.
+        ([NEWER, ""], 2, [NEWER, NEW], [OLD]),
+        ([NEWER], 3, [NEWER, NEW, OLD], []),
+    ],
+)
+def test_prune_keeps_the_named_then_the_newest(tmp_path, run_module, case):
+    keep, keep_count, kept, removed = case
+    for mtime, commit in enumerate([OLD, NEW, NEWER], start=1):
+        revision(tmp_path, commit, 1_000 * mtime)
+    before = snapshot(tmp_path)
+    check = run_module(
+        checkpoint_revision,
+        {"root": str(tmp_path), "state": "pruned", "keep": keep, "keep_count": keep_count},
+        check_mode=True,
+    )
+    assert (check["changed"], check["removed"]) == (bool(removed), removed)
+    assert snapshot(tmp_path) == before
+    result = run_module(
+        checkpoint_revision,
+        {"root": str(tmp_path), "state": "pruned", "keep": keep, "keep_count": keep_count},
+    )
+    assert (result["changed"], result["removed"], result["revisions"]) == (bool(removed), removed, kept)
+    assert sorted(os.listdir(tmp_path / "revisions")) == sorted(kept)
+    again = run_module(
+        checkpoint_revision,
+        {"root": str(tmp_path), "state": "pruned", "keep": keep, "keep_count": keep_count},
+    )
+    assert again["changed"] is False
+
+
+def test_an_interrupted_removal_is_finished_and_never_left_under_its_commit(tmp_path, run_module):
+    revision(tmp_path, NEW, 2_000)
+    half = tmp_path / "revisions" / f".{OLD}.removing"
+    half.mkdir(parents=True)
+    (half / "model-00006-of-00006.safetensors").write_bytes(b"x")
+    result = run_module(checkpoint_revision, {"root": str(tmp_path), "state": "pruned", "keep": [NEW]})
+    assert result["changed"] and os.listdir(tmp_path / "revisions") == [NEW]
+
+
+def test_keep_count_below_one_fails(tmp_path, run_module):
+    result = run_module(checkpoint_revision, {"root": str(tmp_path), "state": "pruned", "keep_count": 0})
+    assert result.failed and "checkpoint_keep_revisions" in result["msg"]
