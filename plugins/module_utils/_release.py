@@ -88,9 +88,16 @@ def describe(entry: dict[str, Any] | None) -> str:
     return words
 
 
-def plan(record: dict[str, Any], image: str, revision: str, *, rollback: bool = False) -> dict[str, Any]:
-    """What this run deploys: ``{action, target: {image, revision}, current, previous, msg}``."""
+def plan(
+    record: dict[str, Any], image: str, revision: str | None, *, rollback: bool = False
+) -> dict[str, Any]:
+    """What this run deploys: ``{action, target: {image, revision}, current, previous, msg}``.
+
+    ``revision`` ``None``: the one that serves now (a run that does not fetch the checkpoint).
+    """
     current, previous = record["current"], record["previous"]
+    if revision is None:
+        revision = current.get("revision", "") if current is not None else ""
     if rollback:
         if previous is None:
             raise ReleaseError(

@@ -17,16 +17,17 @@ description:
     downloaded, verified and copied next to the one the ranks mount, which keeps serving until the
     switch.
   - O(state=present) gives the directory of a revision - O(commit), or O(revision) of O(repo_id)
-    resolved to its commit by the hub (C(huggingface_hub), so the task runs with the download
+    resolved to its commit by the hub (with C(huggingface_hub), so the task runs with the download
     virtualenv's Python). When the hub cannot be asked and O(root) holds a single revision, that one
     is kept, with a warning; with several, the module fails asking for a pinned commit.
-  - O(state=present) also adopts a checkpoint of the single-directory layout (the checkpoint straight
-    in O(root), as the original C(download.sh) and earlier versions of this collection left it): the
-    directory is renamed as a whole to C(<root>/revisions/<commit>). A rename keeps its inode, so
-    ranks that mount it keep serving, and the verification records of
-    M(sparkserve.dsv41.checkpoint_shards) move with it. The commit comes from C(huggingface_hub)'s
-    metadata in the directory, else from O(adopt_as); the module fails before changing anything when
-    neither names it. An interrupted adoption is finished by the next run.
+  - O(state=present) creates C(<root>/revisions/) when missing, and adopts a checkpoint of the
+    single-directory layout (the checkpoint straight in O(root), as the original C(download.sh) and
+    earlier versions of this collection left it) - the directory is renamed as a whole to
+    C(<root>/revisions/<commit>). A rename keeps its inode, so ranks that mount it keep serving, and
+    the verification records of M(sparkserve.dsv41.checkpoint_shards) move with it. The commit comes
+    from C(huggingface_hub)'s metadata in the directory, else from O(adopt_as); the module fails
+    before changing anything when neither names it. An interrupted adoption is finished by the next
+    run.
   - O(state=pruned) removes the revision directories beyond O(keep_count), keeping every one named in
     O(keep) (the current deployment's, then the previous one's) and then the newest others. A
     directory is renamed before it is removed, so an interrupted removal never leaves half a
@@ -181,6 +182,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     read_adopted,
     remove_revisions,
     revision_path,
+    revisions_dir,
     tree_size,
 )
 
@@ -189,10 +191,14 @@ def _present(module: AnsibleModule, root: str) -> dict:
     params = module.params
     planned = adoption_plan(root, params["adopt_as"])
     adopted = None
+    # The copy to a worker lands in revisions/<commit>, which rsync creates, but not its parents.
+    created = not os.path.isdir(revisions_dir(root))
     if planned is not None:
         adopted = {"commit": planned["commit"], "why": planned["why"]}
         if not module.check_mode:
             adopt(root, planned)
+    if created and not module.check_mode:
+        os.makedirs(revisions_dir(root), exist_ok=True)
     on_disk = list_revisions(root)
     if planned is not None and module.check_mode:
         on_disk = [planned["commit"], *on_disk]
@@ -214,7 +220,7 @@ def _present(module: AnsibleModule, root: str) -> dict:
         verb = "would adopt" if module.check_mode else "adopted"
         what = f"{verb} {root} as revision {adopted['commit']} ({adopted['why']}); {what}"
     return {
-        "changed": adopted is not None,
+        "changed": created or adopted is not None,
         "commit": commit,
         "model_dir": path,
         "exists": exists,

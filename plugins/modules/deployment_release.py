@@ -20,8 +20,8 @@ description:
   - O(state=planned) reads the record and says what this run deploys (RV(plan)) - C(first) (nothing
     recorded yet), C(none) (O(image) and O(revision) serve already), C(switch) (they differ from
     C(current)) or, with O(rollback=true), C(rollback) (to C(previous)). It never changes anything.
-  - The roles pass no O(revision) yet (a new checkpoint revision is not deployed side by side), so
-    their switches are switches of image.
+  - A switch changes the image, the checkpoint revision (the commit of its directory under the
+    model root; see M(sparkserve.dsv41.checkpoint_revision)), or both.
   - O(state=committed) records O(image) and O(revision) as C(current), once they serve and passed the smoke
     checks, and the old C(current) as C(previous). Recording what is current already changes nothing.
   - O(state=failed) records a switch to O(image) and O(revision) that failed, with O(reason); C(current)
@@ -42,9 +42,11 @@ options:
     type: str
     required: true
   revision:
-    description: The checkpoint revision this run deploys (or deployed); empty when not known.
+    description:
+      - The checkpoint revision (its commit) this run deploys, or deployed.
+      - Not set - with O(state=planned), the revision that serves now (a run that does not fetch the
+        checkpoint keeps it); otherwise empty (not known).
     type: str
-    default: ""
   rollback:
     description:
       - With O(state=planned) - plan a rollback to the previous deployment instead of deploying O(image);
@@ -160,7 +162,7 @@ def main() -> None:
             "path": {"type": "path", "required": True},
             "state": {"type": "str", "choices": ["planned", "committed", "failed"], "default": "planned"},
             "image": {"type": "str", "required": True},
-            "revision": {"type": "str", "default": ""},
+            "revision": {"type": "str"},
             "rollback": {"type": "bool", "default": False},
             "smoke": {"type": "str"},
             "downtime_seconds": {"type": "float"},
@@ -174,7 +176,7 @@ def main() -> None:
     try:
         before_text = read_text(path)
         record = parse_record(before_text, path)
-        target = {"image": params["image"], "revision": params["revision"]}
+        target = {"image": params["image"], "revision": params["revision"] or ""}
         if params["state"] == "planned":
             planned = plan(record, params["image"], params["revision"], rollback=params["rollback"])
             module.exit_json(changed=False, plan=planned, record=record, msg=planned["msg"])

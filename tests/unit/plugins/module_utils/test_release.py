@@ -53,6 +53,29 @@ def test_a_run_switches_when_the_image_differs_from_the_current_one(current, ima
     assert planned["current"] == current
 
 
+@pytest.mark.parametrize(
+    ("current_revision", "revision", "action", "target_revision"),
+    [
+        # A new revision switches, with the image unchanged.
+        ("a" * 40, "b" * 40, "switch", "b" * 40),
+        ("a" * 40, "a" * 40, "none", "a" * 40),
+        # A run that does not fetch the checkpoint (None) keeps the revision that serves.
+        ("a" * 40, None, "none", "a" * 40),
+        # A deployment recorded before revisions: the first resolved revision is a switch (the ranks
+        # move to its directory).
+        ("", "a" * 40, "switch", "a" * 40),
+    ],
+)
+def test_a_run_switches_when_the_revision_differs(current_revision, revision, action, target_revision):
+    record = {**rel.empty_record(), "current": {**deployed(OLD), "revision": current_revision}}
+    planned = rel.plan(record, OLD, revision)
+    assert (planned["action"], planned["target"]) == (action, {"image": OLD, "revision": target_revision})
+
+
+def test_with_nothing_recorded_an_unknown_revision_is_empty():
+    assert rel.plan(rel.empty_record(), NEW, None)["target"] == {"image": NEW, "revision": ""}
+
+
 def test_a_rollback_targets_the_previous_deployment_and_needs_one():
     record = {**rel.empty_record(), "current": deployed(NEW), "previous": deployed(OLD)}
     planned = rel.plan(record, NEW, "", rollback=True)

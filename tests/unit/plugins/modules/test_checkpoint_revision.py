@@ -134,14 +134,20 @@ def test_check_mode_reports_the_adoption_and_changes_nothing(tmp_path, run_modul
     assert snapshot(tmp_path) == before
 
 
-def test_a_fresh_root_is_left_for_the_download(tmp_path, run_module):
-    result = run_module(checkpoint_revision, {"root": str(tmp_path / "M"), "commit": NEW})
+def test_a_fresh_root_gets_its_revisions_directory_for_the_download(tmp_path, run_module):
+    args = {"root": str(tmp_path / "M"), "commit": NEW}
+    before = snapshot(tmp_path)
+    assert run_module(checkpoint_revision, args, check_mode=True)["changed"] is True
+    assert snapshot(tmp_path) == before
+    result = run_module(checkpoint_revision, args)
     assert (result["changed"], result["exists"], result["adopted_commit"], result["revisions"]) == (
-        False,
+        True,
         False,
         None,
         [],
     )
+    assert os.listdir(tmp_path / "M") == ["revisions"]
+    assert run_module(checkpoint_revision, args)["changed"] is False
 
 
 @pytest.mark.parametrize("commit", ["main", "2" * 39, "G" * 40])
