@@ -16,7 +16,18 @@ from lab_support import REPO
 
 INVENTORY = str(REPO / "inventory" / "lab")
 STATE_DIR = "/home/spark/.dsv41-two-sparks"
+# The model root; each checkpoint revision lives in <MODEL_DIR>/revisions/<commit>.
 MODEL_DIR = "/home/spark/models/DeepSeek-V4.1-Flash-Spark"
+
+
+def served_revision(lab) -> str:
+    """The checkpoint revision (commit) that serves now, from the head's deployment record."""
+    return json.loads(lab.ssh("head", f"cat {STATE_DIR}/deployments.json").stdout)["current"]["revision"]
+
+
+def model_dir(lab) -> str:
+    """The directory of the revision that serves now (the same path on every lab node)."""
+    return f"{MODEL_DIR}/revisions/{served_revision(lab)}"
 
 
 def user_environment(**extra: str) -> dict[str, str]:

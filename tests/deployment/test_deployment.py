@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from deployment_support import MODEL_DIR, STATE_DIR, api_key, changed_nothing, run_playbook, site
+from deployment_support import STATE_DIR, api_key, changed_nothing, model_dir, run_playbook, site
 from lab_support import FABRIC_ADDRESS, MGMT_ADDRESS, http_status
 from reference_config import reference_vllm_argv, reference_vllm_env
 
@@ -54,7 +54,7 @@ def test_rank_container_options(lab, node):
         "a rank never restarts alone: the supervisor restarts the group"
     )
     assert sorted(host["Binds"]) == sorted(
-        [f"{MODEL_DIR}:/model:ro", f"{STATE_DIR}/plans:/plans:ro", f"{STATE_DIR}/cache:/cache:rw"]
+        [f"{model_dir(lab)}:/model:ro", f"{STATE_DIR}/plans:/plans:ro", f"{STATE_DIR}/cache:/cache:rw"]
     )
 
 
@@ -66,7 +66,7 @@ def test_plan_copy_points_at_the_mounted_banks(lab):
 
 def test_checkpoint_is_rebuilt_and_verified_on_every_node(lab):
     for node in RANKS:
-        check = lab.ssh(node, f"cd {MODEL_DIR} && sha256sum -c sha256-manifest.txt && ls")
+        check = lab.ssh(node, f"cd {model_dir(lab)} && sha256sum -c sha256-manifest.txt && ls")
         assert check.stdout.count(": OK") == 6
         assert ".part" not in check.stdout, "parts are deleted once their shard is verified"
 
@@ -152,13 +152,13 @@ def assert_serving(lab) -> None:
 
 
 def test_teardown_keeps_state_and_model_and_site_brings_everything_back(lab):
-    key = api_key(lab)
+    key, model = api_key(lab), model_dir(lab)
     run, _ = run_playbook("playbooks/teardown.yml")
     try:
         assert run.returncode == 0, run.stdout[-3000:]
         assert_stopped(lab)
         for node in RANKS:
-            kept = lab.ssh(node, f"test -d {STATE_DIR} && test -s {MODEL_DIR}/config.json", check=False)
+            kept = lab.ssh(node, f"test -d {STATE_DIR} && test -s {model}/config.json", check=False)
             assert kept.returncode == 0, f"state and model kept on {node}"
     finally:
         restored, _ = site()
@@ -168,15 +168,15 @@ def test_teardown_keeps_state_and_model_and_site_brings_everything_back(lab):
 
 
 def test_playbooks_run_by_fqcn_from_the_installed_collection_and_purge_only_when_asked(lab, fqcn):
-    key = api_key(lab)
+    key, model = api_key(lab), model_dir(lab)
     run, _ = fqcn("teardown", "-e", "deployment_purge_state=true")
     try:
         assert run.returncode == 0, run.stdout[-3000:]
         assert_stopped(lab)
         for node in RANKS:
             assert lab.ssh(node, f"test -e {STATE_DIR}", check=False).returncode != 0, f"state left on {node}"
-            model = lab.ssh(node, f"test -s {MODEL_DIR}/config.json", check=False)
-            assert model.returncode == 0, f"model kept on {node}"
+            kept = lab.ssh(node, f"test -s {model}/config.json", check=False)
+            assert kept.returncode == 0, f"model kept on {node}"
     finally:
         restored, _ = fqcn("site")
     assert restored.returncode == 0, restored.stdout[-3000:]

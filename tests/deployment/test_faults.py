@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from deployment_support import INVENTORY, MODEL_DIR, STATE_DIR, api_key, run_playbook, site, user_environment
+from deployment_support import INVENTORY, STATE_DIR, api_key, model_dir, run_playbook, site, user_environment
 from lab_support import HUB_ENDPOINT, MGMT_ADDRESS, REPO, STATE, labctl, wait_for
 
 RANKS = {"head": 0, "worker": 1}
@@ -425,7 +425,8 @@ def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_mem
 def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_partials(lab, tmp_path):
     """The head's download killed mid-file, as a reboot would: a throttled hub of its own (the lab's
     checkpoint at 1 MB/s, one file at a time) and a model directory of its own."""
-    model_dir = "/home/spark/models/interrupted-download"
+    root = "/home/spark/models/interrupted-download"
+    revision = f"{root}/revisions/*"  # the one revision the hub serves
     access_log = tmp_path / "access.log"
     hub = subprocess.Popen(
         [sys.executable, str(REPO / "lab" / "standins" / "hub" / "hf_hub_standin.py"),
@@ -434,15 +435,15 @@ def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_par
          "--access-log", str(access_log), "--throttle-mbps", "1"],
     )  # fmt: skip
     args = ["--tags", "checkpoint", "--limit", "head", "-e", json.dumps({
-        "deployment_model_dir": model_dir, "checkpoint_download_workers": 1,
+        "deployment_model_dir": root, "checkpoint_download_workers": 1,
         "checkpoint_hf_endpoint": f"http://{labctl_host()}:5090"})]  # fmt: skip
     try:
         first = subprocess.Popen(
             [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, "site.yml", *args],
             cwd=REPO, env=user_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-        partials = f"find {model_dir}/.cache/huggingface/download -name '*.incomplete' 2>/dev/null | wc -l"
-        shards = f"ls {model_dir}/*.safetensors 2>/dev/null | wc -l"
+        partials = f"find {revision}/.cache/huggingface/download -name '*.incomplete' 2>/dev/null | wc -l"
+        shards = f"ls {revision}/*.safetensors 2>/dev/null | wc -l"
 
         def mid_file() -> bool:
             complete = int(lab.ssh("head", shards, check=False).stdout.strip() or 0)
@@ -450,7 +451,7 @@ def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_par
 
         assert wait_for(mid_file, timeout=180, interval=0.5), "the download got to the middle of a file"
         done_before = set(
-            lab.ssh("head", f"cd {model_dir} && find . -type f -not -path './.cache/*'").stdout.split()
+            lab.ssh("head", f"cd {revision} && find . -type f -not -path './.cache/*'").stdout.split()
         )
         lab.ssh(
             "head",
@@ -476,18 +477,18 @@ def test_a_download_killed_mid_file_resumes_without_refetching_and_leaves_no_par
         )
     finally:
         hub.terminate()
-        lab.ssh("head", f"rm -rf {model_dir}", check=False)
+        lab.ssh("head", f"rm -rf {root}", check=False)
         lab.ssh("head", "rm -f /home/spark/.dsv41-two-sparks/deployment.lock", check=False)
 
 
 def shard_sums(lab, node: str) -> dict[str, str]:
     """The whole shards in the node's model directory: {name: sha256}."""
-    listing = lab.ssh(node, f"cd {MODEL_DIR} && sha256sum model-*.safetensors").stdout
+    listing = lab.ssh(node, f"cd {model_dir(lab)} && sha256sum model-*.safetensors").stdout
     return {name: digest for digest, name in (line.split() for line in listing.splitlines())}
 
 
 def worker_records(lab) -> dict[str, dict]:
-    path = f"{MODEL_DIR}/.cache/sparkserve/verified.json"
+    path = f"{model_dir(lab)}/.cache/sparkserve/verified.json"
     return json.loads(lab.ssh("worker", f"cat {path}").stdout)["files"]
 
 
@@ -496,10 +497,11 @@ def test_a_site_yml_killed_during_the_copy_resumes_and_never_records_a_partial_f
     is killed mid-file - Ctrl-C for the play, the head's copy job killed as a reboot would - and
     run again."""
     lab = supervised
+    served = model_dir(lab)
     head_sums = shard_sums(lab, "head")
     lost = ["model-00005-of-00006.safetensors", "model-00006-of-00006.safetensors"]
-    lab.ssh("worker", f"cd {MODEL_DIR} && rm {' '.join(lost)}")
-    in_flight = f"ls -a {MODEL_DIR} | grep -c '^\\.model-0000[56]-of-00006\\.safetensors\\.' || true"
+    lab.ssh("worker", f"cd {served} && rm {' '.join(lost)}")
+    in_flight = f"ls -a {served} | grep -c '^\\.model-0000[56]-of-00006\\.safetensors\\.' || true"
     first = subprocess.Popen(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, "site.yml",
          "-e", json.dumps({**FAST, "checkpoint_copy_bwlimit_kib": 256})],
@@ -519,7 +521,7 @@ def test_a_site_yml_killed_during_the_copy_resumes_and_never_records_a_partial_f
         )
         # (Its output ends when ssh's shared connections do, up to a minute after it exits.)
         output, _ = first.communicate(timeout=120)
-    partials = f"find {MODEL_DIR}/.rsync-partial -type f -size +0 2>/dev/null | wc -l"
+    partials = f"find {served}/.rsync-partial -type f -size +0 2>/dev/null | wc -l"
     assert wait_for(lambda: lab.ssh("worker", partials).stdout.strip() != "0", timeout=60), output[-3000:]
     kept = shard_sums(lab, "worker")
     assert not set(lost) & set(kept), "no shard stands under its name half-copied"
@@ -530,7 +532,7 @@ def test_a_site_yml_killed_during_the_copy_resumes_and_never_records_a_partial_f
     again, seconds = site("-e", json.dumps(FAST))
     assert again.returncode == 0, again.stdout[-3000:]
     assert shard_sums(lab, "worker") == head_sums
-    assert lab.ssh("worker", f"test -e {MODEL_DIR}/.rsync-partial", check=False).returncode != 0
+    assert lab.ssh("worker", f"test -e {served}/.rsync-partial", check=False).returncode != 0
     records = worker_records(lab)
     assert {name: records[name]["sha256"] for name in head_sums} == head_sums
     assert wait_for(lambda: settled(lab), timeout=180, interval=2), supervisor_log(lab)[-3000:]

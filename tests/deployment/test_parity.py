@@ -8,7 +8,7 @@ import shlex
 import time
 
 import pytest
-from deployment_support import MODEL_DIR, STATE_DIR, api_key, run_playbook, site
+from deployment_support import MODEL_DIR, STATE_DIR, api_key, model_dir, run_playbook, served_revision, site
 from lab_support import MGMT_ADDRESS, STATE, http_status, labctl, wait_for
 
 RANKS = {"head": 0, "worker": 1}
@@ -118,10 +118,17 @@ def hub_requests_since(offset: int) -> list[str]:
 
 def test_a_model_directory_prepared_by_download_sh_is_adopted_without_downloading_parts(lab):
     # download.sh leaves the rebuilt, verified shards, no parts, hf's own .cache/huggingface
-    # metadata and no record of ours: remove our record, keep the rest.
-    listing = lab.ssh("head", f"ls -a {MODEL_DIR}").stdout.split()
+    # metadata and no record of ours, straight in the model directory: put the serving revision
+    # back in that layout (the ranks keep it mounted: a rename keeps its inode) and remove our record.
+    served, revision = model_dir(lab), served_revision(lab)
+    listing = lab.ssh("head", f"ls -a {served}").stdout.split()
     assert not [name for name in listing if ".part" in name], listing
-    lab.ssh("head", f"rm -rf {MODEL_DIR}/.cache/sparkserve")
+    inode = lab.ssh("head", f"stat -c %i {served}").stdout
+    lab.ssh(
+        "head",
+        f"mv {served} {MODEL_DIR}.single && rm -r {MODEL_DIR} && mv {MODEL_DIR}.single {MODEL_DIR}"
+        f" && rm -rf {MODEL_DIR}/.cache/sparkserve",
+    )
     offset = (STATE / "hub-access.log").stat().st_size
 
     run, _ = site("--tags", "checkpoint")
@@ -131,7 +138,10 @@ def test_a_model_directory_prepared_by_download_sh_is_adopted_without_downloadin
     assert not [path for path in requested if ".part" in path], requested
     assert "6 shards in place match the manifest and are recorded" in run.stdout, run.stdout[-3000:]
     assert "verification of the shards already in place" in run.stdout, "progress is shown"
-    record = json.loads(lab.ssh("head", f"cat {MODEL_DIR}/.cache/sparkserve/verified.json").stdout)
+    assert f"adopted {MODEL_DIR} as revision {revision}" in run.stdout, run.stdout[-3000:]
+    assert lab.ssh("head", f"stat -c %i {served}").stdout == inode, "renamed whole, as the ranks mount it"
+    assert lab.ssh("head", f"ls -A {MODEL_DIR}").stdout.split() == ["revisions"]
+    record = json.loads(lab.ssh("head", f"cat {served}/.cache/sparkserve/verified.json").stdout)
     assert len([name for name in record["files"] if name.endswith(".safetensors")]) == 6
 
     again, _ = site("--tags", "checkpoint")

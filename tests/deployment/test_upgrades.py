@@ -6,17 +6,24 @@ as an owner trying a new build would, and checks what serves afterwards: the ran
 deployment record on the head and ``smoke.yml``. Measured downtimes go to
 ``.lab/upgrade-suite.json`` (the README's table is taken from it). The cases run in file order:
 the good switch records the previous deployment the later cases roll back to.
+
+The last case publishes new checkpoint revisions on the lab hub (a change to the repo's README is
+a new commit there, as a push is on the real hub) and deploys them next to the one serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
-from deployment_support import STATE_DIR, run_playbook, site
-from lab_support import ENGINE_REPO, REGISTRY, STATE, labctl, wait_for
+from deployment_support import MODEL_DIR, STATE_DIR, api_key, model_dir, run_playbook, served_revision, site
+from lab_support import ENGINE_REPO, HUB_ENDPOINT, HUB_REPO, MGMT_ADDRESS, REGISTRY, STATE, labctl, wait_for
 
 RESULTS = STATE / "upgrade-suite.json"
 LOCAL_REGISTRY = f"127.0.0.1:{labctl.REGISTRY_PORT}"
@@ -195,3 +202,102 @@ def test_a_new_image_pulled_with_tags_image_switches_nothing(serving):
     assert started(lab) == before and rank_images(lab) == {lab_image()}
     assert record_of(lab) == record_before
     assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0
+
+
+def publish_revision(label: str) -> str:
+    """A new commit of the checkpoint on the lab hub (its README changes); the commit's id."""
+    with (STATE / "hub" / HUB_REPO / "README.md").open("a", encoding="utf-8") as readme:
+        readme.write(f"\nRevision {label}, published by the upgrade suite.\n")
+    token = (STATE / "hub-token").read_text().strip()
+    request = urllib.request.Request(
+        f"{HUB_ENDPOINT}/api/models/{HUB_REPO}/revision/main", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["sha"]
+
+
+def revisions_on(lab, node: str) -> set[str]:
+    return set(lab.ssh(node, f"ls {MODEL_DIR}/revisions").stdout.split())
+
+
+def mounted_revision(lab, node: str, rank: int) -> str:
+    template = '{{range .Mounts}}{{if eq .Destination "/model"}}{{.Source}}{{end}}{{end}}'
+    return (
+        lab.ssh(node, f"docker inspect --format '{template}' dsv41-r{rank}").stdout.strip().rsplit("/", 1)[-1]
+    )
+
+
+@contextlib.contextmanager
+def asking_all_along(key: str):
+    """Ask the API a one-token question every half second while the block runs; yields
+    ``{"answered": n, "failed": [why, ...]}``."""
+    tally: dict = {"answered": 0, "failed": []}
+    stop = threading.Event()
+    body = json.dumps({"model": "deepseek-v4.1-flash", "prompt": "2+2=", "max_tokens": 1}).encode()
+
+    def ask() -> None:
+        while not stop.wait(0.5):
+            request = urllib.request.Request(
+                f"http://{MGMT_ADDRESS['head']}:8000/v1/completions",
+                data=body,
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    json.load(response)
+                tally["answered"] += 1
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                tally["failed"].append(f"{time.strftime('%H:%M:%S')} {exc}")
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    try:
+        yield tally
+    finally:
+        stop.set()
+        asker.join(timeout=15)
+
+
+def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_ones_pruned(serving):
+    lab = serving
+    first = served_revision(lab)
+    ranks_before = started(lab)
+    second = publish_revision("two")
+    assert second != first
+
+    # Fetched, verified and copied next to the revision that serves, which keeps answering.
+    with asking_all_along(api_key(lab)) as tally:
+        fetched, fetch_seconds = site("--tags", "checkpoint")
+    assert fetched.returncode == 0, fetched.stdout[-3000:]
+    assert tally["failed"] == [] and tally["answered"] >= 10, tally
+    for node in ("head", "worker"):
+        assert revisions_on(lab, node) == {first, second}, node
+    assert started(lab) == ranks_before, "fetching a revision restarts nothing"
+    assert served_revision(lab) == first
+
+    # The switch: the ranks restart on the new revision's directory, gated by the smoke checks.
+    switched, _ = site()
+    assert switched.returncode == 0, switched.stdout[-3000:]
+    assert f"revision {second}" in switched.stdout
+    assert {mounted_revision(lab, "head", 0), mounted_revision(lab, "worker", 1)} == {second}
+    after = record_of(lab)
+    assert (after["current"]["revision"], after["previous"]["revision"]) == (second, first), after
+    assert smoke_passes()
+
+    # A third revision: switched, and the oldest beyond checkpoint_keep_revisions (2) goes.
+    third = publish_revision("three")
+    run, _ = site()
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert f"removed old revisions {first}" in run.stdout, run.stdout[-3000:]
+    for node in ("head", "worker"):
+        assert revisions_on(lab, node) == {second, third}, node
+        check = lab.ssh(node, f"cd {model_dir(lab)} && sha256sum -c sha256-manifest.txt")
+        assert check.stdout.count(": OK") == 6, "the revision that serves is intact"
+    assert record_of(lab)["current"]["revision"] == third
+    assert smoke_passes()
+    record(
+        "new checkpoint revision",
+        after["current"]["downtime_seconds"],
+        f"fetched next to the serving one in {fetch_seconds:.0f} s with {tally['answered']} questions all"
+        " answered; then switched",
+    )
