@@ -72,6 +72,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+msg:
+  description: In check mode, when O(src) is not there yet (a checkpoint revision the run would fetch first).
+  returned: check mode, before O(src) exists
+  type: str
+  sample: would copy /home/ubuntu/models/M/revisions/4f1c.../exl3/plan/J268-ho-v31-K5n.json once it is fetched
 qdir:
   description: The rewritten C(qdir) value of the copy.
   returned: success
@@ -144,6 +149,9 @@ def main() -> None:
 
     try:
         src_text = read_text(src)
+        if src_text is None and module.check_mode:
+            # A checkpoint revision that this check-mode run would fetch first is not there yet.
+            module.exit_json(changed=True, src=src, dest=dest, msg=f"would copy {src} once it is fetched")
         if src_text is None:
             module.fail_json(
                 msg=f"the EXL3 plan {src} does not exist; is the checkpoint complete (exl3/plan/)?", src=src

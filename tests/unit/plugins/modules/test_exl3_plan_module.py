@@ -163,6 +163,16 @@ def test_option_errors(run_module, layout, overrides, problem):
     assert not dest.exists()
 
 
+def test_check_mode_before_the_checkpoint_is_fetched_says_so_and_changes_nothing(run_module, layout):
+    """A check-mode run that would fetch a new checkpoint revision first: its plan is not there yet."""
+    src, dest = layout
+    missing = src.parent / "not-fetched" / src.name
+    result = run_module(exl3_plan, args(missing, dest), check_mode=True)
+    assert not result.failed, result
+    assert result["changed"] is True and result["msg"] == f"would copy {missing} once it is fetched"
+    assert not dest.exists()
+
+
 def test_dest_directory_is_rejected(run_module, layout):
     src, dest = layout
     result = run_module(exl3_plan, args(src, dest.parent))
