@@ -280,25 +280,36 @@ def list_expected(
     return {name: sizes[name] for name in selected}, None
 
 
+# The hub answered, and the answer is "no": a typo in checkpoint_revision, a repo that is gone or
+# needs another token. Keeping the revision on disk would hide it.
+HUB_REFUSALS = frozenset({"RevisionNotFoundError", "RepositoryNotFoundError", "GatedRepoError"})
+
+
 def resolve_commit(
     hub: Hub, repo_id: str, revision: str | None, on_disk: list[str]
 ) -> tuple[str, str | None]:
     """``(commit, warning)``: the commit ``revision`` (a branch, tag or commit; ``None``: main) is now.
 
-    A 40-hex ``revision`` is a commit already and needs no hub. When the hub cannot be asked, the
-    only revision ``on_disk`` keeps serving (with a warning), as a single directory did before;
-    with several, guessing could switch to one that failed, so :class:`DownloadError` says how to
-    pin one.
+    A 40-hex ``revision`` is a commit already and needs no hub. When the hub cannot be reached (or
+    errs), the only revision ``on_disk`` keeps serving, with a warning, as a single directory did
+    before; with several, guessing could switch to one that failed, so :class:`DownloadError` says
+    how to pin one. A hub that refuses the revision or the repo fails the run.
     """
     if revision and is_commit(revision):
         return revision, None
     try:
         return hub.commit(repo_id, revision), None
-    except Exception as exc:  # the hub's errors are many; all mean "not known now"
+    except Exception as exc:  # the hub's errors are many; the refusals are told apart below
         why = _first_line(exc)
+        refused = type(exc).__name__ in HUB_REFUSALS
+    if refused:
+        raise DownloadError(
+            f"the hub has no revision {revision or 'main'} of {repo_id} for this token ({why}); check"
+            " checkpoint_repo_id, checkpoint_revision and checkpoint_hf_token"
+        )
     if len(on_disk) == 1:
         return on_disk[0], (
-            f"WARNING: the hub did not resolve {repo_id} revision {revision or 'main'} ({why});"
+            f"the hub did not resolve {repo_id} revision {revision or 'main'} ({why});"
             f" keeping the only revision on disk, {on_disk[0]}"
         )
     held = ", ".join(on_disk) if on_disk else "none"

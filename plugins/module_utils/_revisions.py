@@ -71,23 +71,30 @@ def list_revisions(root: str) -> list[str]:
     """The revision directories under ``root``, newest (by modification time) first."""
     base = revisions_dir(root)
     try:
-        entries = [entry for entry in os.scandir(base) if not entry.name.startswith(".") and entry.is_dir()]
+        entries = [
+            entry
+            for entry in os.scandir(base)
+            if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False)
+        ]
     except FileNotFoundError:
         return []
-    return [
-        entry.name for entry in sorted(entries, key=lambda e: (e.stat().st_mtime_ns, e.name), reverse=True)
-    ]
+    entries.sort(key=lambda entry: (entry.stat().st_mtime_ns, entry.name), reverse=True)
+    return [entry.name for entry in entries]
+
+
+def _own_entries(root: str) -> list[str]:
+    """The names in ``root`` other than ``revisions/`` and the links into it."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return [name for name in names if name != REVISIONS and not os.path.islink(os.path.join(root, name))]
 
 
 def is_single_directory(root: str) -> bool:
     """``root`` holds a checkpoint itself (the single-directory layout)."""
-    try:
-        names = set(os.listdir(root))
-    except FileNotFoundError:
-        return False
-    return any(marker in names for marker in _CHECKPOINT_MARKERS) or any(
-        ".safetensors" in name for name in names
-    )
+    names = set(_own_entries(root))
+    return bool(names.intersection(_CHECKPOINT_MARKERS)) or any(".safetensors" in name for name in names)
 
 
 def metadata_commits(model_dir: str) -> collections.Counter[str]:
@@ -120,12 +127,32 @@ def adoption_plan(root: str, adopt_as: str | None) -> dict[str, Any] | None:
     """What adopting ``root`` does (``{source, commit, why}``), ``None`` when there is nothing to adopt.
 
     The name comes from the directory itself (the commit huggingface_hub recorded for its files),
-    else from ``adopt_as``. Raises :class:`RevisionError` when neither says: a wrong name would let
-    a later download rewrite the files the ranks are serving.
+    else from ``adopt_as``. Raises :class:`RevisionError`, before anything changes, when neither
+    says (a wrong name would let a later download rewrite the files the ranks serve) or when the
+    directory cannot be moved whole.
     """
+    root = os.path.abspath(root)
     staged = staging_path(root)
-    source = staged if os.path.isdir(staged) else root if is_single_directory(root) else None
-    if source is None:
+    if os.path.isdir(staged):
+        source = staged  # an adoption that was interrupted: go on with it
+    elif is_single_directory(root):
+        source = root
+        if os.path.islink(root) or os.path.ismount(root):
+            raise RevisionError(
+                f"{root} holds a checkpoint of the single-directory layout and is a "
+                f"{'symbolic link' if os.path.islink(root) else 'mount point'}, which cannot be moved into"
+                f" {revisions_dir(root)}; point deployment_model_dir at a directory on that filesystem"
+                " and move the checkpoint into <it>/revisions/<commit> (nothing was changed)"
+            )
+        if os.path.isdir(revisions_dir(root)):
+            raise RevisionError(
+                f"{root} holds both revisions/ and checkpoint files of its own"
+                f" ({', '.join(sorted(_own_entries(root))[:5])}); move those away (nothing was changed)"
+            )
+        if not os.access(root, os.W_OK):
+            # Moving a directory to another parent rewrites its "..": it must be writable.
+            raise RevisionError(f"{root} is not writable, so it cannot be moved into {revisions_dir(root)}")
+    else:
         return None
     commits = metadata_commits(source)
     if commits:
@@ -150,38 +177,75 @@ def adoption_plan(root: str, adopt_as: str | None) -> dict[str, Any] | None:
     return {"source": source, "commit": commit, "why": why}
 
 
-def _rewrite_state_file(model_dir: str, old_dir: str) -> bool:
-    """Point the verification records at the directory's new path (their files did not change)."""
-    path = os.path.join(model_dir, DEFAULT_STATE_FILE)
+def _rewrite_state_file(directory: str, old_dir: str, new_dir: str) -> None:
+    """Point the verification records in ``directory`` at ``new_dir`` (their files did not change)."""
+    path = os.path.join(directory, DEFAULT_STATE_FILE)
     try:
         text = read_text(path)
         data = json.loads(text) if text else None
     except (OSError, FileContentError, ValueError):
-        return False
-    if not isinstance(data, dict) or data.get("model_dir") != os.path.abspath(old_dir):
-        return False
-    data["model_dir"] = os.path.abspath(model_dir)
-    write_file_atomically(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
-    return True
+        return
+    if isinstance(data, dict) and data.get("model_dir") == old_dir:
+        data["model_dir"] = new_dir
+        write_file_atomically(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
-def adopt(root: str, plan: dict[str, Any], now: float | None = None) -> dict[str, Any]:
-    """Carry out :func:`adoption_plan`; each step can be interrupted and the next call goes on."""
+def adopt(root: str, plan: dict[str, Any], now: float | None = None) -> str:
+    """Carry out :func:`adoption_plan`; an interrupted call is finished by the next one (which
+    finds the directory at :func:`staging_path`). Returns the revision's directory."""
     root = os.path.abspath(root)
     staged = staging_path(root)
+    target = revision_path(root, plan["commit"])
     mode = os.stat(plan["source"]).st_mode & 0o7777
     if plan["source"] == root:
         os.rename(root, staged)
     os.makedirs(revisions_dir(root), exist_ok=True)
     os.chmod(root, mode)
-    target = revision_path(root, plan["commit"])
-    os.rename(staged, target)
-    records_moved = _rewrite_state_file(target, root)
+    # Before the last rename, so that once the directory stands under its commit it is complete.
+    _rewrite_state_file(staged, root, target)
     document = {"commit": plan["commit"], "from": root, "time": time.time() if now is None else now}
     write_file_atomically(
-        os.path.join(revisions_dir(root), ADOPTED_FILE), (json.dumps(document) + "\n").encode()
+        os.path.join(revisions_dir(root), ADOPTED_FILE), json.dumps(document).encode() + b"\n"
     )
-    return {"commit": plan["commit"], "path": target, "records_moved": records_moved}
+    os.rename(staged, target)
+    return target
+
+
+def keep_single_directory_view(root: str) -> list[str]:
+    """Links ``<root>/<name>`` -> ``revisions/<adopted>/<name>`` for every entry of the adopted
+    revision; returns the links made.
+
+    A rank container created before the adoption mounts ``<root>`` by path: when it is started
+    again (the supervisor restarts a group with ``docker start``), it must find the checkpoint
+    there, and relative links resolve inside the container too. A deployment recorded before
+    revisions (no revision) is served from ``<root>`` the same way.
+    """
+    adopted = read_adopted(root)
+    if adopted is None or not os.path.isdir(revision_path(root, adopted)):
+        return []
+    made = []
+    for name in sorted(os.listdir(revision_path(root, adopted))):
+        link = os.path.join(root, name)
+        if name == REVISIONS or os.path.lexists(link):
+            continue
+        os.symlink(os.path.join(REVISIONS, adopted, name), link)
+        made.append(name)
+    return made
+
+
+def drop_single_directory_view(root: str) -> list[str]:
+    """Remove the links of :func:`keep_single_directory_view` that lead nowhere any more."""
+    dropped = []
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        link = os.path.join(root, name)
+        if (
+            os.path.islink(link)
+            and os.readlink(link).startswith(REVISIONS + os.sep)
+            and not os.path.exists(link)
+        ):
+            os.unlink(link)
+            dropped.append(name)
+    return dropped
 
 
 def prune_plan(root: str, keep: list[str], keep_count: int) -> dict[str, list[str]]:
@@ -195,12 +259,13 @@ def prune_plan(root: str, keep: list[str], keep_count: int) -> dict[str, list[st
 
 
 def remove_revisions(root: str, names: list[str]) -> None:
-    """Remove ``names``, and what an interrupted removal left."""
+    """Remove ``names``, what an interrupted removal left, and links to what is gone."""
     for name in names:
         # Renamed first, so that an interrupted removal never leaves a half revision under its name.
         os.rename(revision_path(root, name), os.path.join(revisions_dir(root), f".{name}.removing"))
     for doomed in leftover_removals(root):
         shutil.rmtree(doomed)
+    drop_single_directory_view(root)
 
 
 def leftover_removals(root: str) -> list[str]:

@@ -26,12 +26,17 @@ description:
     C(<root>/revisions/<commit>). A rename keeps its inode, so ranks that mount it keep serving, and
     the verification records of M(sparkserve.dsv41.checkpoint_shards) move with it. The commit comes
     from C(huggingface_hub)'s metadata in the directory, else from O(adopt_as); the module fails
-    before changing anything when neither names it. An interrupted adoption is finished by the next
-    run.
+    before changing anything when neither names it, or when O(root) is a symbolic link, a mount point
+    or not writable, or holds C(revisions/) already. An interrupted adoption is finished by the
+    next run.
+  - After an adoption, O(root) keeps links to the adopted revision's entries (C(<root>/config.json)
+    -> C(revisions/<commit>/config.json), ...), relative so that they resolve inside a container
+    too - a rank container created before the adoption mounts O(root) by path and must find the
+    checkpoint there when it is started again. Links whose revision is removed go with it.
   - O(state=pruned) removes the revision directories beyond O(keep_count), keeping every one named in
-    O(keep) (the current deployment's, then the previous one's) and then the newest others. A
-    directory is renamed before it is removed, so an interrupted removal never leaves half a
-    revision under a commit's name; the next run finishes it.
+    O(keep) (the current deployment's, then the previous one's; an empty name is the adopted one)
+    and then the newest others. A directory is renamed before it is removed, so an interrupted
+    removal never leaves half a revision under a commit's name; the next run finishes it.
 options:
   root:
     description: The model root - the directory that holds C(revisions/).
@@ -176,6 +181,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     adopt,
     adoption_plan,
     is_commit,
+    keep_single_directory_view,
     leftover_removals,
     list_revisions,
     prune_plan,
@@ -193,12 +199,16 @@ def _present(module: AnsibleModule, root: str) -> dict:
     adopted = None
     # The copy to a worker lands in revisions/<commit>, which rsync creates, but not its parents.
     created = not os.path.isdir(revisions_dir(root))
+    linked: list[str] = []
     if planned is not None:
         adopted = {"commit": planned["commit"], "why": planned["why"]}
-        if not module.check_mode:
+    if not module.check_mode:
+        if planned is not None:
             adopt(root, planned)
-    if created and not module.check_mode:
         os.makedirs(revisions_dir(root), exist_ok=True)
+        # Also after an adoption that was interrupted before its links.
+        linked = keep_single_directory_view(root)
+        remove_revisions(root, [])  # what an interrupted removal left
     on_disk = list_revisions(root)
     if planned is not None and module.check_mode:
         on_disk = [planned["commit"], *on_disk]
@@ -211,6 +221,8 @@ def _present(module: AnsibleModule, root: str) -> dict:
             module.no_log_values.add(token)
         hub = HubClient(hub_environment(os.environ, params["endpoint"]), token)
         commit, warning = resolve_commit(hub, params["repo_id"], params["revision"] or None, on_disk)
+        if warning:
+            module.warn(warning)
     if not is_commit(commit):
         module.fail_json(msg=f"a revision's commit is 40 hex digits, got {commit!r}")
     path = revision_path(root, commit)
@@ -220,7 +232,7 @@ def _present(module: AnsibleModule, root: str) -> dict:
         verb = "would adopt" if module.check_mode else "adopted"
         what = f"{verb} {root} as revision {adopted['commit']} ({adopted['why']}); {what}"
     return {
-        "changed": created or adopted is not None,
+        "changed": created or adopted is not None or bool(linked),
         "commit": commit,
         "model_dir": path,
         "exists": exists,
@@ -238,7 +250,9 @@ def _pruned(module: AnsibleModule, root: str) -> dict:
         module.fail_json(
             msg=f"keep_count must be at least 1 (checkpoint_keep_revisions), got {params['keep_count']}"
         )
-    planned = prune_plan(root, params["keep"], params["keep_count"])
+    # An empty name is a deployment recorded before revisions: served from the adopted one.
+    adopted = read_adopted(root)
+    planned = prune_plan(root, [name or adopted or "" for name in params["keep"]], params["keep_count"])
     leftovers = leftover_removals(root)
     removed_bytes = sum(tree_size(os.path.join(root, "revisions", name)) for name in planned["removed"])
     if not module.check_mode:

@@ -241,5 +241,5 @@ def test_checkpoint_revision_resolves_main_to_the_commit_the_download_records(
     token_file.write_text(WRONG_TOKEN)
     offline = run_module(checkpoint_revision, args)
     assert (offline["commit"], offline["changed"]) == (resolved["commit"], False)
-    assert offline["warning"].startswith("WARNING: the hub did not resolve")
+    assert offline["warning"].startswith("the hub did not resolve")
     assert WRONG_TOKEN not in json.dumps(offline)

@@ -68,7 +68,11 @@ def test_a_single_directory_is_renamed_whole_and_keeps_its_inode_and_records(tmp
     assert (result["model_dir"], result["exists"], result["adopted_commit"]) == (str(target), True, OLD)
     # The same directory (a rank that mounts it keeps its files), now under its commit.
     assert target.stat().st_ino == inode
-    assert sorted(os.listdir(root)) == ["revisions"]
+    # A rank container made before mounts the root by path: links keep the checkpoint there,
+    # relative, so they resolve inside the container too.
+    assert sorted(os.listdir(root)) == sorted([*os.listdir(target), "revisions"])
+    assert os.readlink(root / "config.json") == f"revisions/{OLD}/config.json"
+    assert (root / "model-00001-of-00006.safetensors").read_bytes() == b"x" * 64
     assert json.loads((target / ".cache/sparkserve/verified.json").read_text())["model_dir"] == str(target)
     assert json.loads((root / "revisions" / ".adopted.json").read_text())["commit"] == OLD
     assert set(yaml.safe_load(checkpoint_revision.RETURN)) - {"removed", "removed_bytes"} == set(result) - {
@@ -106,13 +110,47 @@ def test_an_unnamed_single_directory_fails_before_anything_changes(tmp_path, run
     assert snapshot(tmp_path) == before
 
 
-def test_adoption_refuses_to_overwrite_a_revision_of_that_name(tmp_path, run_module):
+def test_a_resumed_adoption_refuses_to_overwrite_a_revision_of_that_name(tmp_path, run_module):
     root = single_directory(tmp_path / "M", commit=OLD)
+    os.rename(root, _revisions.staging_path(str(root)))
     revision(root, OLD, 1_000)
     before = snapshot(tmp_path)
     result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
     assert result.failed and "exists already" in result["msg"]
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("obstacle", ["symlink", "revisions", "read-only"])
+def test_a_single_directory_that_cannot_be_moved_whole_fails_before_anything_changes(
+    tmp_path, run_module, monkeypatch, obstacle
+):
+    real = single_directory(tmp_path / "disk" / "M")
+    root = real
+    if obstacle == "symlink":
+        root = tmp_path / "M"
+        root.symlink_to(real)
+    elif obstacle == "revisions":
+        revision(real, NEW, 1_000)
+    else:
+        # (chmod would not do: these tests may run as root, who may write anyway.)
+        monkeypatch.setattr(_revisions.os, "access", lambda path, mode: path != str(real))
+    before = snapshot(tmp_path)
+    result = run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    assert result.failed, result
+    assert {"symlink": "symbolic link", "revisions": "both revisions/", "read-only": "not writable"}[
+        obstacle
+    ] in result["msg"]
+    assert snapshot(tmp_path) == before
+
+
+def test_an_adoption_interrupted_before_its_links_gets_them_on_the_next_run(tmp_path, run_module):
+    root = single_directory(tmp_path / "M", commit=OLD)
+    run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    for name in os.listdir(root):
+        if name != "revisions":
+            (root / name).unlink()
+    again = run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    assert again["changed"] is True and (root / "config.json").is_symlink()
 
 
 def test_an_interrupted_adoption_is_finished(tmp_path, run_module):
@@ -123,6 +161,8 @@ def test_an_interrupted_adoption_is_finished(tmp_path, run_module):
     assert result["adopted"]["commit"] == OLD
     assert (root / "revisions" / OLD / "config.json").is_file()
     assert not os.path.exists(_revisions.staging_path(str(root)))
+    target = root / "revisions" / OLD
+    assert json.loads((target / ".cache/sparkserve/verified.json").read_text())["model_dir"] == str(target)
 
 
 def test_check_mode_reports_the_adoption_and_changes_nothing(tmp_path, run_module):
@@ -181,7 +221,7 @@ def test_without_the_hub_the_only_revision_on_disk_keeps_serving():
     commit, warning = _download.resolve_commit(FakeHub(error=ConnectionError("refused")), "o/r", None, [OLD])
     assert commit == OLD
     assert warning == (
-        f"WARNING: the hub did not resolve o/r revision main (ConnectionError: refused); keeping the only"
+        f"the hub did not resolve o/r revision main (ConnectionError: refused); keeping the only"
         f" revision on disk, {OLD}"
     )
 
@@ -190,6 +230,16 @@ def test_without_the_hub_the_only_revision_on_disk_keeps_serving():
 def test_without_the_hub_and_no_single_revision_the_run_asks_for_a_pinned_commit(on_disk):
     with pytest.raises(_download.DownloadError, match="set checkpoint_revision to the commit"):
         _download.resolve_commit(FakeHub(error=ConnectionError("refused")), "o/r", "main", on_disk)
+
+
+class RevisionNotFoundError(Exception):
+    """What huggingface_hub raises when the hub answers that a revision does not exist."""
+
+
+def test_a_hub_that_refuses_the_revision_fails_the_run_rather_than_keep_the_one_on_disk():
+    hub = FakeHub(error=RevisionNotFoundError("404 Client Error. Revision Not Found for url: ..."))
+    with pytest.raises(_download.DownloadError, match="the hub has no revision v9 of o/r for this token"):
+        _download.resolve_commit(hub, "o/r", "v9", [OLD])
 
 
 # --------------------------------------------------------------------------- pruning
@@ -232,6 +282,21 @@ def test_prune_keeps_the_named_then_the_newest(tmp_path, run_module, case):
         {"root": str(tmp_path), "state": "pruned", "keep": keep, "keep_count": keep_count},
     )
     assert again["changed"] is False
+
+
+def test_a_deployment_recorded_before_revisions_keeps_the_adopted_one_and_its_links(tmp_path, run_module):
+    root = single_directory(tmp_path / "M", commit=OLD)
+    run_module(checkpoint_revision, {"root": str(root), "commit": OLD})
+    revision(root, NEW, 2_000)
+    revision(root, NEWER, 3_000)
+    # Serving NEWER; the previous deployment has no revision recorded: the adopted one (OLD).
+    kept = run_module(checkpoint_revision, {"root": str(root), "state": "pruned", "keep": [NEWER, ""]})
+    assert (kept["removed"], (root / "config.json").is_file()) == ([NEW], True)
+    gone = run_module(
+        checkpoint_revision, {"root": str(root), "state": "pruned", "keep": [NEWER], "keep_count": 1}
+    )
+    assert gone["removed"] == [OLD]
+    assert sorted(os.listdir(root)) == ["revisions"], "the links to the removed revision went with it"
 
 
 def test_an_interrupted_removal_is_finished_and_never_left_under_its_commit(tmp_path, run_module):
