@@ -431,7 +431,10 @@ def load_state(path: str, model_dir: str) -> tuple[dict[str, Record], str | None
 
 
 def trusted_files(
-    model_dir: str, state_file: str | None = None, manifest: str = DEFAULT_MANIFEST
+    model_dir: str,
+    state_file: str | None = None,
+    manifest: str = DEFAULT_MANIFEST,
+    borrow_from: Iterable[str] = (),
 ) -> list[str]:
     """The manifest entries a run would trust without reading them, in manifest order.
 
@@ -446,9 +449,44 @@ def trusted_files(
     except (CheckpointError, OSError):
         return []
     records, _warning = load_state(state_file or default_state_file(model_dir), model_dir)
+    borrow_records(model_dir, entries, records, borrow_from)
     return [
         name for name, expected in entries.items() if is_trusted(records.get(name), found[name], expected)
     ]
+
+
+def _same_file(first: str, second: str) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
+def borrow_records(
+    model_dir: str, manifest: dict[str, str], records: dict[str, Record], sources: Iterable[str]
+) -> list[str]:
+    """Add to ``records`` the verification another revision's directory (``sources``) holds for a
+    file that is the very same file here (a hard link: same inode, so same bytes, size and mtime);
+    returns the names borrowed. Nothing is read but the sources' state files."""
+    borrowed: list[str] = []
+    pending = [name for name in manifest if name not in records]
+    for source in sources:
+        if not pending:
+            break
+        source_records, _warning = load_state(default_state_file(source), source)
+        for name in list(pending):
+            record = source_records.get(name)
+            here = os.path.join(model_dir, name)
+            if (
+                record is None
+                or record.sha256 != manifest[name]
+                or not _same_file(here, os.path.join(source, name))
+            ):
+                continue
+            records[name] = record
+            borrowed.append(name)
+            pending.remove(name)
+    return borrowed
 
 
 def render_state(records: dict[str, Record], model_dir: str) -> bytes:

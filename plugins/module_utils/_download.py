@@ -22,10 +22,13 @@ import glob
 import os
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, Protocol
 
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import trusted_files
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import (
+    DEFAULT_MANIFEST,
+    trusted_files,
+)
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
     FileContentError,
     read_text,
@@ -60,6 +63,8 @@ class Hub(Protocol):
 
     def list_files(self, repo_id: str, revision: str | None) -> dict[str, int]: ...
 
+    def etags(self, repo_id: str, revision: str | None) -> dict[str, str]: ...
+
     def select(self, names: list[str], ignore_patterns: list[str]) -> list[str]: ...
 
     def download(
@@ -84,15 +89,29 @@ class HubClient:
         self.endpoint = endpoint
         self.token = token
         self.api = HfApi(endpoint=endpoint, token=token)
+        self._trees: dict[tuple[str, str | None], list[Any]] = {}
         self._snapshot_download = snapshot_download
         self._filter = filter_repo_objects
 
     def commit(self, repo_id: str, revision: str | None) -> str:
         return self.api.model_info(repo_id, revision=revision).sha
 
+    def _files(self, repo_id: str, revision: str | None) -> list[Any]:
+        key = (repo_id, revision)
+        if key not in self._trees:  # one listing serves the sizes and the etags
+            tree = self.api.list_repo_tree(repo_id, revision=revision, recursive=True)
+            self._trees[key] = [entry for entry in tree if getattr(entry, "size", None) is not None]
+        return self._trees[key]
+
     def list_files(self, repo_id: str, revision: str | None) -> dict[str, int]:
-        tree = self.api.list_repo_tree(repo_id, revision=revision, recursive=True)
-        return {entry.path: entry.size for entry in tree if getattr(entry, "size", None) is not None}
+        return {entry.path: entry.size for entry in self._files(repo_id, revision)}
+
+    def etags(self, repo_id: str, revision: str | None) -> dict[str, str]:
+        """The ETag the hub sends for each file: the sha256 of an LFS file, else its git blob id."""
+        return {
+            entry.path: entry.lfs.sha256 if entry.lfs is not None else entry.blob_id
+            for entry in self._files(repo_id, revision)
+        }
 
     def select(self, names: list[str], ignore_patterns: list[str]) -> list[str]:
         return list(self._filter(names, ignore_patterns=ignore_patterns or None))
@@ -141,13 +160,17 @@ def hub_environment(environ: MutableMapping[str, str], endpoint: str | None) -> 
     return environ.get("HF_ENDPOINT") or None
 
 
-def ignore_patterns(model_dir: str, state_file: str | None = None) -> list[str]:
+def ignore_patterns(
+    model_dir: str, state_file: str | None = None, borrow_from: Iterable[str] = ()
+) -> list[str]:
     """``<shard>.part*`` for every manifest entry a verification run would trust as it is.
 
     ``snapshot_download`` fetches every file of the repo missing locally, so without these
     patterns it would fetch the deleted parts of shards 5 and 6 again (~197 GB).
     """
-    return [f"{glob.escape(name)}.part*" for name in trusted_files(model_dir, state_file)]
+    return [
+        f"{glob.escape(name)}.part*" for name in trusted_files(model_dir, state_file, borrow_from=borrow_from)
+    ]
 
 
 # --------------------------------------------------------------------------- the model directory
@@ -320,6 +343,89 @@ def resolve_commit(
 
 
 # --------------------------------------------------------------------------- the download
+
+
+def _hf_metadata(model_dir: str, name: str) -> str:
+    return os.path.join(model_dir, HF_DOWNLOAD_CACHE, f"{name}.metadata")
+
+
+def _metadata_etag(model_dir: str, name: str) -> str | None:
+    """The etag huggingface_hub recorded for ``name`` in ``model_dir`` (its second line)."""
+    try:
+        lines = (read_text(_hf_metadata(model_dir, name)) or "").splitlines()
+    except (OSError, FileContentError):
+        return None
+    return lines[1].strip() if len(lines) >= 3 else None
+
+
+def _link(source: str, target: str) -> bool:
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.link(source, target)
+    except OSError:  # another filesystem, a race: the download fetches it instead
+        return False
+    return True
+
+
+def link_revision(
+    hub: Hub, repo_id: str, revision: str | None, model_dir: str, sources: list[str]
+) -> list[str]:
+    """:func:`link_unchanged` for ``revision`` as the hub lists it; nothing when it does not say
+    (the download then reports why)."""
+    try:
+        sizes, etags = hub.list_files(repo_id, revision), hub.etags(repo_id, revision)
+    except Exception:  # the download's own listing fails the same way and says why
+        return []
+    os.makedirs(model_dir, exist_ok=True)
+    return link_unchanged(
+        model_dir, sources, {name: (sizes[name], etags[name]) for name in sizes if name in etags}
+    )
+
+
+def link_unchanged(model_dir: str, sources: Iterable[str], files: dict[str, tuple[int, str]]) -> list[str]:
+    """Hard-link into ``model_dir`` what other revisions' directories (``sources``, preferred first)
+    hold unchanged, so that a new revision fetches only what changed; the names linked.
+
+    ``files`` is the new revision's ``{name: (size, etag)}``. A file is unchanged when a source has
+    it at that size with that etag in huggingface_hub's metadata, which is linked beside it, so the
+    download only asks the hub (one HEAD) and keeps it. The rebuilt shards, which the hub holds only
+    as parts, are linked when the manifest is the same file as the source's and the source's
+    verification vouches for them (the verification borrows those records). Nothing already in
+    ``model_dir`` is replaced, and files are never written through a link (every writer renames a
+    new file into place), so a revision never changes another.
+    """
+    sources = [source for source in sources if os.path.isdir(source)]
+    linked: list[str] = []
+    for name, (size, etag) in sorted(files.items()):
+        target = os.path.join(model_dir, name)
+        if os.path.lexists(target):
+            continue
+        for source in sources:
+            path = os.path.join(source, name)
+            if (
+                _metadata_etag(source, name) != etag
+                or not os.path.isfile(path)
+                or os.path.getsize(path) != size
+            ):
+                continue
+            metadata = read_text(_hf_metadata(source, name)) or ""
+            if _link(path, target):
+                os.makedirs(os.path.dirname(_hf_metadata(model_dir, name)), exist_ok=True)
+                with open(_hf_metadata(model_dir, name), "w", encoding="utf-8") as handle:
+                    handle.write(metadata)
+                linked.append(name)
+                break
+    manifest = os.path.join(model_dir, DEFAULT_MANIFEST)
+    for source in sources:
+        if not os.path.exists(manifest) or not os.path.samefile(
+            manifest, os.path.join(source, DEFAULT_MANIFEST)
+        ):
+            continue
+        for name in trusted_files(source):
+            target = os.path.join(model_dir, name)
+            if not os.path.lexists(target) and _link(os.path.join(source, name), target):
+                linked.append(name)
+    return linked
 
 
 def check_download(

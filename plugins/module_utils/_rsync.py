@@ -72,11 +72,14 @@ def rsync_argv(
     rsh: list[str] | None = None,
     excludes: Iterable[str] = DEFAULT_EXCLUDES,
     bwlimit_kib: int = 0,
+    link_dest: Iterable[str] = (),
     dry_run: bool = False,
 ) -> list[str]:
     """The rsync command that makes ``dest`` a copy of the directory ``src`` (contents to contents);
-    ``bwlimit_kib`` caps its rate in KiB/s (0: no cap)."""
+    ``bwlimit_kib`` caps its rate in KiB/s (0: no cap); a file identical (size, time) to one in a
+    ``link_dest`` directory on the receiving side is hard-linked from there instead of sent."""
     argv = [rsync, *OPTIONS]
+    argv += [f"--link-dest={directory}" for directory in link_dest]
     if dry_run:
         argv.append("--dry-run")
     if bwlimit_kib:

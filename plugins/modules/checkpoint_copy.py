@@ -57,6 +57,14 @@ options:
         serve while it runs. V(0) - no cap.
     type: int
     default: 0
+  link_dest:
+    description:
+      - Directories on the receiving side (absolute paths) holding other revisions of the checkpoint
+        (C(--link-dest)). A file identical in size and time to theirs is hard-linked from there
+        instead of sent, so a new revision crosses the fabric only with what changed.
+    type: list
+    elements: str
+    default: []
   progress_file:
     description:
       - When set, the collection's progress document is written there atomically, at most every 2
@@ -163,6 +171,7 @@ def main() -> None:
             "rsh": {"type": "list", "elements": "str"},
             "exclude": {"type": "list", "elements": "str", "default": list(DEFAULT_EXCLUDES)},
             "bwlimit_kib": {"type": "int", "default": 0},
+            "link_dest": {"type": "list", "elements": "str", "default": []},
             "progress_file": {"type": "path"},
         },
         supports_check_mode=True,
@@ -177,6 +186,7 @@ def main() -> None:
         rsh=params["rsh"],
         excludes=params["exclude"],
         bwlimit_kib=params["bwlimit_kib"],
+        link_dest=params["link_dest"],
         dry_run=module.check_mode,
     )
     result = {"changed": False, "cmd": argv}

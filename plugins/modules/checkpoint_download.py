@@ -60,6 +60,16 @@ options:
     description: Files downloaded at the same time.
     type: int
     default: 8
+  link_from:
+    description:
+      - Directories of other revisions of the checkpoint (the one serving first). Each file they hold
+        unchanged (same size, and the same etag in C(huggingface_hub)'s metadata) is hard-linked into
+        O(model_dir) before the download, which then only asks the hub about it; the rebuilt shards
+        too, when the manifest is unchanged and their verification vouches for them. A new revision
+        then fetches only what changed (RV(linked)).
+    type: list
+    elements: path
+    default: []
   state_file:
     description:
       - The verification records of M(sparkserve.dsv41.checkpoint_shards), read to find the shards
@@ -180,6 +190,12 @@ bytes_downloaded:
   returned: success
   type: int
   sample: 1024
+linked:
+  description: The files hard-linked from O(link_from) instead of downloaded (none in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [config.json, model-00001-of-00006.safetensors]
 would_download:
   description: The files a download would fetch (absent, or of another size than the hub's).
   returned: check mode
@@ -214,6 +230,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._download import 
     check_download,
     hub_environment,
     ignore_patterns,
+    link_revision,
     read_token,
     run_download,
 )
@@ -231,6 +248,7 @@ def main() -> None:
             "workers": {"type": "int", "default": 8},
             "state_file": {"type": "path"},
             "progress_file": {"type": "path"},
+            "link_from": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
@@ -244,6 +262,7 @@ def main() -> None:
         "revision": revision or "main",
         "model_dir": model_dir,
         "ignore_patterns": [],
+        "linked": [],
         "files_total": 0,
         "bytes_total": None,
         "seconds": 0.0,
@@ -257,7 +276,11 @@ def main() -> None:
             module.no_log_values.add(token)
         endpoint = hub_environment(os.environ, params["endpoint"])
         hub = HubClient(endpoint, token)
-        result["ignore_patterns"] = patterns = ignore_patterns(model_dir, params["state_file"])
+        if params["link_from"] and not module.check_mode:
+            result["linked"] = link_revision(hub, params["repo_id"], revision, model_dir, params["link_from"])
+        result["ignore_patterns"] = patterns = ignore_patterns(
+            model_dir, params["state_file"], borrow_from=params["link_from"]
+        )
         if module.check_mode:
             report = check_download(
                 hub, repo_id=params["repo_id"], revision=revision, model_dir=model_dir, patterns=patterns

@@ -69,6 +69,15 @@ options:
       - Defaults to C(<model_dir>/.cache/sparkserve/verified.json). C(.cache/) is never copied to a
         worker, so a worker never inherits the head's records and verifies its own copy.
     type: path
+  borrow_from:
+    description:
+      - Directories of other revisions of the checkpoint. A file of O(model_dir) that is the very same
+        file as theirs (a hard link, see M(sparkserve.dsv41.checkpoint_download)'s O(link_from) and
+        M(sparkserve.dsv41.checkpoint_copy)'s O(link_dest)) is trusted on their verification record,
+        so a new revision re-reads only what changed (RV(borrowed)).
+    type: list
+    elements: path
+    default: []
   progress_file:
     description:
       - When set, the collection's progress document is written there atomically at most every 2
@@ -312,6 +321,12 @@ mismatched:
       description: The sha256 of the file.
       type: str
       sample: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+borrowed:
+  description: The files trusted on another revision's record (O(borrow_from)); none with O(adopt=true).
+  returned: always
+  type: list
+  elements: str
+  sample: [model-00001-of-00006.safetensors]
 state_file:
   description: Path of the state file with the verification records.
   returned: always
@@ -329,6 +344,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint impor
     adopt_checkpoint,
     adoption_message,
     apply_plan,
+    borrow_records,
     check_exl3,
     check_free_space,
     default_state_file,
@@ -376,6 +392,7 @@ def main() -> None:
             "keep_parts": {"type": "bool", "default": False},
             "workers": {"type": "int", "default": 4},
             "state_file": {"type": "path"},
+            "borrow_from": {"type": "list", "elements": "path", "default": []},
             "progress_file": {"type": "path"},
             "verify_exl3": {"type": "bool", "default": True},
             "exl3_banks": {"type": "list", "elements": "str", "default": ["qn", "q31", "q31s"]},
@@ -392,6 +409,7 @@ def main() -> None:
     result: dict = {
         "changed": False,
         "state_file": state_file,
+        "borrowed": [],
         "files": [],
         "bytes_read": 0,
         "bytes_written": 0,
@@ -423,6 +441,7 @@ def main() -> None:
         records, warning = load_state(state_file, model_dir)
         if warning:
             module.warn(warning)
+        result["borrowed"] = borrow_records(model_dir, manifest, records, params["borrow_from"])
         actions = plan_actions(manifest, found, records, params["keep_parts"])
         if params["verify_exl3"]:
             exl3 = check_exl3(

@@ -266,12 +266,30 @@ def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_one
     assert second != first
 
     # Fetched, verified and copied next to the revision that serves, which keeps answering.
+    offset = (STATE / "hub-access.log").stat().st_size
     with asking_all_along(api_key(lab)) as tally:
         fetched, fetch_seconds = site("--tags", "checkpoint")
     assert fetched.returncode == 0, fetched.stdout[-3000:]
     assert tally["failed"] == [] and tally["answered"] >= 10, tally
     for node in ("head", "worker"):
         assert revisions_on(lab, node) == {first, second}, node
+    # Only the README changed: it alone crossed from the hub, and the shards are the serving
+    # revision's own files on both nodes (hard links), not copies.
+    with (STATE / "hub-access.log").open(encoding="utf-8") as log:
+        log.seek(offset)
+        requests = [json.loads(line) for line in log if line.strip()]
+    downloaded = sorted(
+        {r["path"].rsplit("/", 1)[-1] for r in requests if r["method"] == "GET" and "/resolve/" in r["path"]}
+    )
+    assert downloaded == ["README.md"], downloaded
+    for node in ("head", "worker"):
+        shard = "model-00006-of-00006.safetensors"
+        same = lab.ssh(
+            node,
+            f"test {MODEL_DIR}/revisions/{first}/{shard} -ef {MODEL_DIR}/revisions/{second}/{shard}",
+            check=False,
+        )
+        assert same.returncode == 0, f"{node}: the new revision's shard is the serving one's file"
     assert started(lab) == ranks_before, "fetching a revision restarts nothing"
     assert served_revision(lab) == first
 
@@ -298,6 +316,6 @@ def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_one
     record(
         "new checkpoint revision",
         after["current"]["downtime_seconds"],
-        f"fetched next to the serving one in {fetch_seconds:.0f} s with {tally['answered']} questions all"
-        " answered; then switched",
+        f"fetched next to the serving one in {fetch_seconds:.0f} s (only the changed file downloaded, the"
+        f" rest linked) with {tally['answered']} questions all answered; then switched",
     )

@@ -709,3 +709,71 @@ def test_adopt_unreadable_file_is_an_error_but_the_rest_is_recorded(tmp_path, mo
     assert errors == [f"{model / SHARDS[3]}: Permission denied"]
     assert actions_by_file(report)[SHARDS[3]] == "failed"
     assert set(state_files(model)) == set(SHARDS) - {SHARDS[3]}
+
+
+# --------------------------------------------------------------------------- revisions side by side
+
+
+def hf_metadata(model: Path, name: str, etag: str, commit: str = "a" * 40) -> None:
+    """What huggingface_hub leaves for a file downloaded with local_dir: commit, etag, time."""
+    path = model / ".cache" / "huggingface" / "download" / f"{name}.metadata"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{commit}\n{etag}\n{os.stat(model / name).st_mtime + 1}\n")
+
+
+def verified_revision(tmp_path: Path) -> Path:
+    """A verified revision as the role leaves it: shards 5 and 6 rebuilt (parts gone), all recorded,
+    each file with huggingface_hub's metadata."""
+    model, _data = build_checkpoint(tmp_path)
+    _report, errors = run(model)
+    assert errors == []
+    for name in [*SHARDS[:4], "sha256-manifest.txt", "config.json"]:
+        hf_metadata(model, name, f"etag-{name}")
+    return model
+
+
+def test_a_new_revision_links_what_is_unchanged_and_fetches_only_what_changed(tmp_path):
+    old = verified_revision(tmp_path)
+    new = tmp_path / "new"
+    files = {
+        name: (os.path.getsize(old / name), f"etag-{name}") for name in [*SHARDS[:4], "sha256-manifest.txt"]
+    }
+    files["config.json"] = (2, "etag-changed")  # changed upstream: fetched, never linked
+    files["README.md"] = (10, "etag-readme")  # new: fetched
+    linked = dl.link_unchanged(str(new), [str(tmp_path / "gone"), str(old)], files)
+    # Shards 1-4 and the manifest by their etag; shards 5 and 6 (parts only on the hub) because the
+    # manifest is the same file and the old revision's verification vouches for them.
+    assert sorted(linked) == sorted([*SHARDS, "sha256-manifest.txt"])
+    for name in linked:
+        assert os.path.samefile(new / name, old / name)
+    assert not (new / "config.json").exists() and not (new / "README.md").exists()
+    metadata = (new / ".cache/huggingface/download" / f"{SHARDS[0]}.metadata").read_text()
+    assert metadata == (old / ".cache/huggingface/download" / f"{SHARDS[0]}.metadata").read_text()
+    # The download then skips the parts of the linked shards: the old records vouch for them.
+    assert dl.ignore_patterns(str(new), borrow_from=[str(old)]) == [f"{name}.part*" for name in SHARDS]
+    assert dl.ignore_patterns(str(new)) == [], "without the other revision, nothing is trusted"
+    # A second call changes nothing.
+    assert dl.link_unchanged(str(new), [str(old)], files) == []
+
+
+def test_a_changed_manifest_links_no_rebuilt_shard(tmp_path):
+    old = verified_revision(tmp_path)
+    new = tmp_path / "new"
+    files = {name: (os.path.getsize(old / name), f"etag-{name}") for name in SHARDS[:4]}
+    files["sha256-manifest.txt"] = (os.path.getsize(old / "sha256-manifest.txt"), "etag-new-manifest")
+    assert sorted(dl.link_unchanged(str(new), [str(old)], files)) == sorted(SHARDS[:4])
+
+
+def test_records_are_borrowed_only_for_the_very_same_file(tmp_path):
+    old = verified_revision(tmp_path)
+    new = tmp_path / "new"
+    new.mkdir()
+    os.link(old / SHARDS[0], new / SHARDS[0])
+    shutil.copy2(old / SHARDS[1], new / SHARDS[1])  # same bytes and time, another file: read again
+    manifest = ck.read_manifest(str(old))
+    records: dict = {}
+    assert ck.borrow_records(str(new), manifest, records, [str(old)]) == [SHARDS[0]]
+    assert records[SHARDS[0]].sha256 == manifest[SHARDS[0]]
+    # A record for another content (a manifest that changed) is not borrowed.
+    changed = {**manifest, SHARDS[0]: "0" * 64}
+    assert ck.borrow_records(str(new), changed, {}, [str(old)]) == []

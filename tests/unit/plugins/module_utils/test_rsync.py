@@ -217,3 +217,12 @@ def test_rsync_runs_in_the_c_locale_from_an_argument_list(tmp_path):
 def test_an_rsync_that_cannot_start_raises(tmp_path):
     with pytest.raises(OSError):
         rs.run_rsync([str(tmp_path / "no-such-rsync")], ProgressWriter(None, "copy"))
+
+
+def test_other_revisions_on_the_receiver_are_linked_from_not_sent():
+    argv = rs.rsync_argv("rsync", "/m/r/new", "w:/m/r/new", link_dest=["/m/r/old", "/m/r/older"])
+    assert [a for a in argv if a.startswith("--link-dest")] == [
+        "--link-dest=/m/r/old",
+        "--link-dest=/m/r/older",
+    ]
+    assert argv[-2:] == ["/m/r/new/", "w:/m/r/new/"]
