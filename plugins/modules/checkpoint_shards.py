@@ -72,9 +72,10 @@ options:
   borrow_from:
     description:
       - Directories of other revisions of the checkpoint. A file of O(model_dir) that is the very same
-        file as theirs (a hard link, see M(sparkserve.dsv41.checkpoint_download)'s O(link_from) and
-        M(sparkserve.dsv41.checkpoint_copy)'s O(link_dest)) is trusted on their verification record,
-        so a new revision re-reads only what changed (RV(borrowed)).
+        file as theirs (a hard link, see
+        O(sparkserve.dsv41.checkpoint_download#module:link_from) and
+        O(sparkserve.dsv41.checkpoint_copy#module:link_dest)) is trusted on their verification
+        record, so a new revision re-reads only what changed (RV(borrowed)).
     type: list
     elements: path
     default: []
