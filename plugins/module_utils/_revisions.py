@@ -278,14 +278,3 @@ def leftover_removals(root: str) -> list[str]:
         ]
     except FileNotFoundError:
         return []
-
-
-def tree_size(path: str) -> int:
-    total = 0
-    for directory, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:
-                continue
-    return total

@@ -168,6 +168,7 @@ msg:
 import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import tree_bytes
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._download import (
     DownloadError,
     HubClient,
@@ -189,7 +190,6 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     remove_revisions,
     revision_path,
     revisions_dir,
-    tree_size,
 )
 
 
@@ -254,7 +254,7 @@ def _pruned(module: AnsibleModule, root: str) -> dict:
     adopted = read_adopted(root)
     planned = prune_plan(root, [name or adopted or "" for name in params["keep"]], params["keep_count"])
     leftovers = leftover_removals(root)
-    removed_bytes = sum(tree_size(os.path.join(root, "revisions", name)) for name in planned["removed"])
+    removed_bytes = sum(tree_bytes(os.path.join(root, "revisions", name)) for name in planned["removed"])
     if not module.check_mode:
         remove_revisions(root, planned["removed"])
     verb = "would remove" if module.check_mode else "removed"
