@@ -191,6 +191,37 @@ def write_atomically(module, path: str, data: bytes, mode: int | str | None = No
             os.unlink(tmp_path)
 
 
+@dataclass(frozen=True)
+class DirectoryPlan:
+    """A directory a module makes sure of: ``exists`` is whether it is there before the run."""
+
+    path: str
+    exists: bool
+
+    @property
+    def changed(self) -> bool:
+        return not self.exists
+
+
+def plan_directory(path: str) -> DirectoryPlan:
+    """Whether ``path`` must be created; ``FileContentError`` when something else has its name."""
+    if os.path.isdir(path):
+        return DirectoryPlan(path, exists=True)
+    if os.path.lexists(path):
+        raise FileContentError(f"{path} exists and is not a directory; move it away, it was left untouched")
+    return DirectoryPlan(path, exists=False)
+
+
+def plan_text_file(path: str, content: str) -> TextFilePlan:
+    """What writing ``content`` to ``path`` changes; ``FileContentError`` when ``path`` is a directory.
+
+    Read leniently: a file of other bytes than the UTF-8 wanted is only ever replaced.
+    """
+    if os.path.isdir(path):
+        raise FileContentError(f"{path} is a directory; give the path of the file itself")
+    return TextFilePlan(path, read_text(path, lenient=True), content)
+
+
 def remove_if_present(path: str) -> bool:
     """Remove a file; ``False`` when it was not there (someone removed it first: same outcome)."""
     try:

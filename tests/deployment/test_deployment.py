@@ -224,6 +224,10 @@ def test_logs_name_the_variable_when_the_rank_does_not_exist():
         ("rank_kv_cache_memory_bytes=-1", "rank_kv_cache_memory_bytes"),
         ("rank_master_port=0", "rank_master_port"),
         ("deployment_worker_group=nobody", "deployment_worker_group"),
+        (
+            '{"preflight_required_commands": ["rsync", "dsv41-no-such-tool"]}',
+            "command not found: dsv41-no-such-tool",
+        ),
     ],
 )
 def test_bad_variables_fail_in_preflight_naming_the_variable(override, named):

@@ -19,6 +19,8 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     load_json_object,
     missing_parent_dir,
     mode_text,
+    plan_directory,
+    plan_text_file,
     read_bytes,
     read_text,
     write_atomically,
@@ -225,3 +227,42 @@ def test_text_file_plan():
 )
 def test_env_var_name(name, valid):
     assert bool(ENV_VAR_NAME.fullmatch(name)) is valid
+
+
+@pytest.mark.parametrize(("present", "expected"), [(None, True), ("directory", False)])
+def test_plan_directory_creates_only_what_is_missing(tmp_path, present, expected):
+    path = tmp_path / "state"
+    if present:
+        path.mkdir()
+    plan = plan_directory(str(path))
+    assert (plan.path, plan.exists, plan.changed) == (str(path), not expected, expected)
+
+
+def test_plan_directory_refuses_a_file_in_its_place(tmp_path):
+    (tmp_path / "state").write_text("x")
+    with pytest.raises(FileContentError, match="state exists and is not a directory"):
+        plan_directory(str(tmp_path / "state"))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "changed"),
+    [
+        (None, "new\n", True),
+        ("same\n", "same\n", False),
+        ("old\n", "new\n", True),
+        (b"\xff\n", "new\n", True),
+    ],
+    ids=["new", "same", "differs", "not-utf8"],
+)
+def test_plan_text_file_compares_the_whole_content(tmp_path, before, after, changed):
+    path = tmp_path / "unit.service"
+    if before is not None:
+        path.write_bytes(before.encode() if isinstance(before, str) else before)
+    plan = plan_text_file(str(path), after)
+    assert plan.changed is changed and plan.after == after
+    assert plan.before == (None if before is None else path.read_text(errors="replace"))
+
+
+def test_plan_text_file_refuses_a_directory(tmp_path):
+    with pytest.raises(FileContentError, match="is a directory"):
+        plan_text_file(str(tmp_path), "x")

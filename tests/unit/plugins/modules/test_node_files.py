@@ -1,0 +1,128 @@
+"""sparkserve.dsv41.node_files run in-process: a role's directories and files in one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.sparkserve.dsv41.plugins.modules import node_files
+from dir_snapshot import snapshot
+
+PROGRAM = "#!/usr/bin/env python3\nprint('guard')\n"
+UNIT = "[Service]\nExecStart=/opt/sparkserve/dsv41_memguard.py\n"
+
+
+def install_args(root: Path, program: str = PROGRAM, mode: str = "0755") -> dict:
+    return {
+        "directories": [
+            {"path": str(root / "opt" / "sparkserve"), "mode": "0755"},
+            {"path": str(root / "state"), "mode": "0700"},
+        ],
+        "files": [
+            {"path": str(root / "opt" / "sparkserve" / "guard.py"), "content": program, "mode": mode},
+            {"path": str(root / "state" / "guard.service"), "content": UNIT, "mode": "0644"},
+        ],
+    }
+
+
+def mode_of(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_first_run_creates_directories_and_files_with_their_modes(run_module, tmp_path):
+    result = run_module(node_files, install_args(tmp_path))
+    assert result["changed"] is True
+    program, unit = tmp_path / "opt" / "sparkserve" / "guard.py", tmp_path / "state" / "guard.service"
+    assert result["changed_paths"] == [
+        str(tmp_path / "opt" / "sparkserve"), str(tmp_path / "state"), str(program), str(unit)
+    ]  # fmt: skip
+    assert program.read_text() == PROGRAM and unit.read_text() == UNIT
+    assert (mode_of(program), mode_of(unit), mode_of(tmp_path / "state")) == (0o755, 0o644, 0o700)
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+def test_second_run_changes_nothing(run_module, tmp_path):
+    run_module(node_files, install_args(tmp_path))
+    before = snapshot(tmp_path)
+    second = run_module(node_files, install_args(tmp_path), diff=True)
+    assert second["changed"] is False and second["changed_paths"] == [] and "diff" not in second
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"program": PROGRAM + "print('new')\n"}, "guard.py"),
+        ({"mode": "0700"}, "guard.py"),
+    ],
+    ids=["content", "mode"],
+)
+def test_only_what_differs_is_reported_and_changed(run_module, tmp_path, change, expected):
+    run_module(node_files, install_args(tmp_path))
+    unit = tmp_path / "state" / "guard.service"
+    unit_before = unit.stat().st_mtime_ns
+    result = run_module(node_files, install_args(tmp_path, **change), diff=True)
+    assert result["changed"] is True
+    assert [Path(p).name for p in result["changed_paths"]] == [expected]
+    program = tmp_path / "opt" / "sparkserve" / "guard.py"
+    assert program.read_text() == change.get("program", PROGRAM)
+    assert mode_of(program) == int(change.get("mode", "0755"), 8)
+    assert unit.stat().st_mtime_ns == unit_before
+    if "program" in change:
+        assert result["diff"][0]["before"] == PROGRAM and result["diff"][0]["after"] == change["program"]
+
+
+def test_check_mode_reports_and_changes_nothing(run_module, tmp_path):
+    before = snapshot(tmp_path)
+    result = run_module(node_files, install_args(tmp_path), check_mode=True, diff=True)
+    assert result["changed"] is True and len(result["changed_paths"]) == 4
+    assert result["diff"][0]["before"]["state"] == "absent"
+    assert result["diff"][2]["after"] == PROGRAM
+    assert snapshot(tmp_path) == before
+
+    run_module(node_files, install_args(tmp_path))
+    before = snapshot(tmp_path)
+    changed = run_module(node_files, install_args(tmp_path, program="other\n", mode="0700"), check_mode=True)
+    assert [Path(p).name for p in changed["changed_paths"]] == ["guard.py"]
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("taken", ["directory", "file"])
+def test_a_path_of_the_other_kind_fails_before_anything_changes(run_module, tmp_path, taken):
+    args = install_args(tmp_path)
+    if taken == "directory":
+        (tmp_path / "state").mkdir()
+        (tmp_path / "state" / "guard.service").mkdir()
+    else:
+        (tmp_path / "state").write_text("not a directory\n")
+    before = snapshot(tmp_path)
+    result = run_module(node_files, args)
+    assert result.failed
+    taken_path = tmp_path / "state" / ("guard.service" if taken == "directory" else "")
+    assert result["msg"].startswith(f"{str(taken_path).rstrip('/')} ")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_file_whose_directory_is_neither_there_nor_listed_fails(run_module, tmp_path):
+    result = run_module(
+        node_files, {"files": [{"path": str(tmp_path / "missing" / "guard.py"), "content": PROGRAM}]}
+    )
+    assert result.failed
+    missing = tmp_path / "missing"
+    assert result["msg"] == (
+        f"the directory of {missing}/guard.py does not exist: {missing}; add it to directories"
+    )
+    assert not (tmp_path / "missing").exists()
+
+
+def test_missing_parents_get_the_directory_s_mode(run_module, tmp_path):
+    deep = tmp_path / "home" / ".local" / "state"
+    result = run_module(node_files, {"directories": [{"path": str(deep), "mode": "0700"}]})
+    assert result["changed_paths"] == [str(deep)]
+    assert [mode_of(p) for p in (tmp_path / "home", tmp_path / "home" / ".local", deep)] == [0o700] * 3
+
+
+def test_a_directory_given_twice_counts_once(run_module, tmp_path):
+    entry = {"path": str(tmp_path / "etc" / "sparkserve"), "mode": "0755"}
+    result = run_module(node_files, {"directories": [entry, dict(entry)]})
+    assert result["changed_paths"] == [entry["path"]]
