@@ -76,11 +76,15 @@ options:
         type: str
 notes:
   - Not for secrets; the files' contents appear in diffs. The API key has M(sparkserve.dsv41.api_key).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
 seealso:
   - module: ansible.builtin.copy
   - module: ansible.builtin.file
