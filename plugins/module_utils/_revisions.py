@@ -259,8 +259,9 @@ def prune_plan(root: str, keep: list[str], keep_count: int) -> dict[str, list[st
 
 
 def remove_revisions(root: str, names: list[str]) -> None:
-    """Remove ``names``, what an interrupted removal left, and links to what is gone."""
+    """Remove ``names`` (and their seals), what an interrupted removal left, and links to what is gone."""
     for name in names:
+        unseal(root, name)
         # Renamed first, so that an interrupted removal never leaves a half revision under its name.
         os.rename(revision_path(root, name), os.path.join(revisions_dir(root), f".{name}.removing"))
     for doomed in leftover_removals(root):
@@ -278,3 +279,78 @@ def leftover_removals(root: str) -> list[str]:
         ]
     except FileNotFoundError:
         return []
+
+
+# --------------------------------------------------------------------------- seals
+#
+# A revision fetched (downloaded or copied) and verified in full is sealed: the seal lists every
+# file of its directory with size and modification time, and what the verification reported. A
+# later run that finds the same listing trusts it and reads, downloads and copies nothing; any
+# file added, removed, resized or touched breaks the seal, and the run fetches and verifies as
+# before. The seal sits beside the revision (not in it: rsync copies the revision to the workers,
+# and a worker's copy is sealed only once the worker verified it).
+
+SEAL_VERSION = 1
+# Not the checkpoint's own files: huggingface_hub's metadata and our verification records, which
+# the download and the verification rewrite as they go.
+_UNSEALED_TOP = ".cache"
+
+
+def seal_path(root: str, commit: str) -> str:
+    return os.path.join(revisions_dir(root), f".{commit}.complete.json")
+
+
+def listing(model_dir: str) -> dict[str, list[int]]:
+    """Every file under ``model_dir`` but ``.cache/``: ``{relative path: [size, mtime_ns]}``."""
+    files: dict[str, list[int]] = {}
+    for directory, dirnames, filenames in os.walk(model_dir):
+        if directory == model_dir and _UNSEALED_TOP in dirnames:
+            dirnames.remove(_UNSEALED_TOP)
+        for name in filenames:
+            path = os.path.join(directory, name)
+            status = os.lstat(path)
+            files[os.path.relpath(path, model_dir)] = [status.st_size, status.st_mtime_ns]
+    return files
+
+
+def read_seal(root: str, commit: str) -> dict[str, Any] | None:
+    """What the verification of a sealed revision reported, when the revision is as it was sealed;
+    ``None`` when there is no seal, it is unreadable, or any file differs from it."""
+    try:
+        text = read_text(seal_path(root, commit))
+        if text is None:
+            return None
+        seal = json.loads(text)
+    except (OSError, FileContentError, ValueError):
+        return None
+    if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or seal.get("commit") != commit:
+        return None
+    model_dir = revision_path(root, commit)
+    if not os.path.isdir(model_dir) or seal.get("files") != listing(model_dir):
+        return None
+    verified = seal.get("verified")
+    return verified if isinstance(verified, dict) else None
+
+
+def write_seal(root: str, commit: str, verified: dict[str, Any], now: float | None = None) -> bool:
+    """Seal the revision as it is now; ``False`` when the seal already says so."""
+    if read_seal(root, commit) == verified:
+        return False
+    seal = {
+        "version": SEAL_VERSION,
+        "commit": commit,
+        "sealed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "verified": verified,
+        "files": listing(revision_path(root, commit)),
+    }
+    write_file_atomically(seal_path(root, commit), (json.dumps(seal, indent=2) + "\n").encode(), 0o644)
+    return True
+
+
+def unseal(root: str, commit: str) -> bool:
+    """Drop a revision's seal; ``False`` when it had none."""
+    try:
+        os.unlink(seal_path(root, commit))
+    except FileNotFoundError:
+        return False
+    return True

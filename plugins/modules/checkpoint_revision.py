@@ -37,18 +37,29 @@ description:
     O(keep) (the current deployment's, then the previous one's; an empty name is the adopted one)
     and then the newest others. A directory is renamed before it is removed, so an interrupted
     removal never leaves half a revision under a commit's name; the next run finishes it.
+  - O(state=sealed) records a revision fetched and verified in full - the seal
+    C(<root>/revisions/.<commit>.complete.json) lists every file of its directory (but C(.cache/))
+    with size and modification time, and O(verified).
+    While the files stay as listed, O(state=present) returns RV(complete) and RV(verified), and the
+    role downloads, verifies and copies nothing - a re-run reads no checkpoint data and asks the
+    workers nothing. Any file added, removed, resized or touched breaks the seal; the seal goes when
+    its revision is pruned.
 options:
   root:
     description: The model root - the directory that holds C(revisions/).
     type: path
     required: true
   state:
-    description: C(present) resolves and adopts; C(pruned) removes old revisions.
+    description:
+      - C(present) resolves and adopts; C(sealed) records a complete revision; C(pruned) removes old
+        revisions.
     type: str
-    choices: [present, pruned]
+    choices: [present, sealed, pruned]
     default: present
   commit:
-    description: The revision's commit, when it is known (a worker gets the head's).
+    description:
+      - The revision's commit, when it is known (a worker gets the head's).
+      - Required with O(state=sealed).
     type: str
   repo_id:
     description: The model repo, C(<owner>/<name>), whose O(revision) the hub resolves.
@@ -79,6 +90,11 @@ options:
     description: O(state=pruned) - how many revisions stay in all (at least 1).
     type: int
     default: 2
+  verified:
+    description:
+      - O(state=sealed) - what the verification of the revision reported, returned as RV(verified) while
+        the seal holds (the role keeps C(exl3_file_count), which a worker's verification checks against).
+    type: dict
 notes:
   - Check mode resolves the revision (a read-only question to the hub) and changes nothing.
 seealso:
@@ -102,6 +118,14 @@ EXAMPLES = r"""
     commit: "{{ revision.commit }}"
     adopt_as: "{{ revision.adopted_commit }}"
 
+- name: Seal the revision once it is downloaded and verified
+  sparkserve.dsv41.checkpoint_revision:
+    root: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+    state: sealed
+    commit: "{{ revision.commit }}"
+    verified:
+      exl3_file_count: 13
+
 - name: Keep the current and the previous revision
   sparkserve.dsv41.checkpoint_revision:
     root: /home/spark/models/DeepSeek-V4.1-Flash-Spark
@@ -112,8 +136,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 commit:
-  description: O(state=present) - the revision's commit.
-  returned: state is present
+  description: The revision's commit.
+  returned: state is present or sealed
   type: str
   sample: 4f1c0a5d0e6b1f2a3c4d5e6f708192a3b4c5d6e7
 root:
@@ -122,14 +146,24 @@ root:
   type: str
   sample: /home/spark/models/DeepSeek-V4.1-Flash-Spark
 model_dir:
-  description: O(state=present) - the revision's directory, C(<root>/revisions/<commit>).
-  returned: state is present
+  description: The revision's directory, C(<root>/revisions/<commit>).
+  returned: state is present or sealed
   type: str
   sample: /home/spark/models/DeepSeek-V4.1-Flash-Spark/revisions/4f1c0a5d0e6b1f2a3c4d5e6f708192a3b4c5d6e7
 exists:
   description: O(state=present) - whether that directory exists (after an adoption, when one ran).
   returned: state is present
   type: bool
+complete:
+  description: O(state=present) - whether the revision is sealed and every file is as the seal lists it.
+  returned: state is present
+  type: bool
+verified:
+  description: O(state=present) - the seal's O(verified) while RV(complete), else null.
+  returned: state is present
+  type: dict
+  sample:
+    exl3_file_count: 13
 adopted:
   description: The adoption this run did (or would do in check mode) - C({commit, why}) - or null.
   returned: state is present
@@ -187,9 +221,11 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     list_revisions,
     prune_plan,
     read_adopted,
+    read_seal,
     remove_revisions,
     revision_path,
     revisions_dir,
+    write_seal,
 )
 
 
@@ -227,7 +263,11 @@ def _present(module: AnsibleModule, root: str) -> dict:
         module.fail_json(msg=f"a revision's commit is 40 hex digits, got {commit!r}")
     path = revision_path(root, commit)
     exists = os.path.isdir(path) or (planned is not None and planned["commit"] == commit)
-    what = f"revision {commit} at {path}" + ("" if exists else " (to be fetched)")
+    verified = read_seal(root, commit) if exists else None
+    what = f"revision {commit} at {path}" + (
+        " (complete as sealed: nothing to fetch, verify or copy)" if verified is not None
+        else "" if exists else " (to be fetched)"
+    )  # fmt: skip
     if adopted:
         verb = "would adopt" if module.check_mode else "adopted"
         what = f"{verb} {root} as revision {adopted['commit']} ({adopted['why']}); {what}"
@@ -236,11 +276,30 @@ def _present(module: AnsibleModule, root: str) -> dict:
         "commit": commit,
         "model_dir": path,
         "exists": exists,
+        "complete": verified is not None,
+        "verified": verified,
         "adopted": adopted,
         "adopted_commit": adopted["commit"] if adopted else read_adopted(root),
         "revisions": on_disk,
         "warning": warning,
         "msg": what + (f"; {warning}" if warning else ""),
+    }
+
+
+def _sealed(module: AnsibleModule, root: str) -> dict:
+    commit, verified = module.params["commit"], module.params["verified"]
+    path = revision_path(root, commit)
+    if not is_commit(commit) or not os.path.isdir(path):
+        module.fail_json(msg=f"cannot seal revision {commit!r}: {path} is no revision directory", root=root)
+    # Check mode only compares.
+    changed = read_seal(root, commit) != verified if module.check_mode else write_seal(root, commit, verified)
+    verb = ("would seal" if module.check_mode else "sealed") if changed else "already sealed:"
+    return {
+        "changed": changed,
+        "commit": commit,
+        "model_dir": path,
+        "revisions": list_revisions(root),
+        "msg": f"{verb} revision {commit}; later runs trust it while its files keep their sizes and times",
     }
 
 
@@ -274,7 +333,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "root": {"type": "path", "required": True},
-            "state": {"type": "str", "choices": ["present", "pruned"], "default": "present"},
+            "state": {"type": "str", "choices": ["present", "sealed", "pruned"], "default": "present"},
             "commit": {"type": "str"},
             "repo_id": {"type": "str"},
             "revision": {"type": "str", "default": ""},
@@ -283,14 +342,19 @@ def main() -> None:
             "adopt_as": {"type": "str"},
             "keep": {"type": "list", "elements": "str", "default": []},
             "keep_count": {"type": "int", "default": 2},
+            "verified": {"type": "dict"},
         },
         mutually_exclusive=[("commit", "repo_id")],
-        required_if=[("state", "present", ("commit", "repo_id"), True)],
+        required_if=[
+            ("state", "present", ("commit", "repo_id"), True),
+            ("state", "sealed", ("commit", "verified")),
+        ],
         supports_check_mode=True,
     )
     root = os.path.abspath(module.params["root"])
     try:
-        result = _present(module, root) if module.params["state"] == "present" else _pruned(module, root)
+        run_state = {"present": _present, "sealed": _sealed, "pruned": _pruned}[module.params["state"]]
+        result = run_state(module, root)
     except HubMissing as exc:
         module.fail_json(
             msg=f"{missing_required_lib('huggingface_hub')} ({exc}) The sparkserve.dsv41.checkpoint role runs"

@@ -96,8 +96,41 @@ def test_second_run_changes_nothing_and_never_prints_the_key(lab):
     assert run.returncode == 0, run.stdout[-3000:]
     assert changed_nothing(run), run.stdout[-3000:]
     assert api_key(lab) not in run.stdout + run.stderr
-    read = re.findall(r"shards match the manifest \(\d+ rebuilt, ([^)]*) read\)", run.stdout)
-    assert read and set(read) == {"0 B"}, f"no checkpoint data re-read on any node: {read}"
+    # No checkpoint data re-read on any node: each node's revision is complete as sealed, so no
+    # download, verification or copy job even starts.
+    complete = [
+        result["complete"]
+        for task, host in (
+            ("Resolve the checkpoint revision and adopt a single-directory checkpoint", "head"),
+            ("Give this node the head's revision directory", "worker"),
+        )
+        for result in run.results_of(task, host)
+    ]
+    assert complete == [True, True], complete
+    jobs = [
+        (job, host)
+        for host in RANKS
+        for job in ("Start the download", "Start rebuilding and verifying the shards")
+    ] + [("Start copying the checkpoint over the fabric to worker", "head")]
+    assert not [(job, host) for job, host in jobs if run.results_of(job, host)], "no job started"
+
+
+def test_a_revision_touched_after_its_seal_is_fetched_and_verified_again_then_sealed(lab):
+    lab.ssh("worker", f"touch {model_dir(lab)}/config.json")
+    run, _ = site("--tags", "checkpoint")
+    assert run.returncode == 0, run.stdout[-3000:]
+    given = run.results_of("Give this node the head's revision directory", "worker")
+    assert [result["complete"] for result in given] == [False], given
+    assert run.results_of("Start copying the checkpoint over the fabric to worker", "head")
+    assert run.results_of("Start rebuilding and verifying the shards", "worker")
+    assert not run.results_of("Start rebuilding and verifying the shards", "head"), "the head's seal holds"
+    # (rsync gave config.json the head's time back, so the seal may already hold again.)
+    assert run.results_of("Seal the copy, which re-runs trust while its files stay as they are", "worker")
+
+    again, _ = site("--tags", "checkpoint")
+    assert again.returncode == 0 and changed_nothing(again), again.stdout[-3000:]
+    given = again.results_of("Give this node the head's revision directory", "worker")
+    assert [result["complete"] for result in given] == [True], given
 
 
 def test_check_mode_on_a_converged_lab_changes_nothing():

@@ -152,7 +152,12 @@ def test_a_model_directory_prepared_by_download_sh_is_adopted_without_downloadin
     assert again.returncode == 0, again.stdout[-3000:]
     assert again.stats["head"]["changed"] == 0, again.stdout[-3000:]
     assert "shards in place match the manifest" not in again.stdout, "the record is trusted: nothing read"
-    assert "(0 rebuilt, 0 B read)" in again.stdout
+    # Sealed once verified: the re-run starts no download and no verification.
+    resolved = again.results_of(
+        "Resolve the checkpoint revision and adopt a single-directory checkpoint", "head"
+    )
+    assert [result["complete"] for result in resolved] == [True], resolved
+    assert not again.results_of("Start rebuilding and verifying the shards", "head")
 
 
 @pytest.fixture(autouse=True, scope="module")

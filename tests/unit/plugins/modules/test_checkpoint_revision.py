@@ -311,3 +311,109 @@ def test_an_interrupted_removal_is_finished_and_never_left_under_its_commit(tmp_
 def test_keep_count_below_one_fails(tmp_path, run_module):
     result = run_module(checkpoint_revision, {"root": str(tmp_path), "state": "pruned", "keep_count": 0})
     assert result.failed and "checkpoint_keep_revisions" in result["msg"]
+
+
+# --------------------------------------------------------------------------- seals
+
+VERIFIED = {"exl3_file_count": 13}
+
+
+def sealed_revision(tmp_path: Path, run_module) -> Path:
+    path = revision(tmp_path, NEW, 2_000)
+    (path / "exl3" / "q31").mkdir(parents=True)
+    (path / "exl3" / "q31" / "bank.safetensors").write_bytes(b"b" * 32)
+    (path / ".cache" / "sparkserve").mkdir(parents=True)
+    (path / ".cache" / "sparkserve" / "verified.json").write_text("{}")
+    result = run_module(
+        checkpoint_revision, {"root": str(tmp_path), "state": "sealed", "commit": NEW, "verified": VERIFIED}
+    )
+    assert result["changed"] is True and "sealed revision" in result["msg"]
+    return path
+
+
+def resize_keeping_mtime(path: Path, size: int) -> None:
+    status = path.stat()
+    os.truncate(path, size)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+
+
+def present(tmp_path: Path, run_module, check_mode: bool = False):
+    return run_module(checkpoint_revision, {"root": str(tmp_path), "commit": NEW}, check_mode=check_mode)
+
+
+def test_a_sealed_revision_is_complete_with_what_its_verification_reported(tmp_path, run_module):
+    sealed_revision(tmp_path, run_module)
+    result = present(tmp_path, run_module)
+    assert (result["complete"], result["verified"]) == (True, VERIFIED)
+    assert "complete as sealed" in result["msg"]
+    seal = json.loads((tmp_path / "revisions" / f".{NEW}.complete.json").read_text())
+    sizes = {name: size for name, (size, _mtime_ns) in seal["files"].items()}
+    assert sizes == {"config.json": len(NEW), "exl3/q31/bank.safetensors": 32}, "not .cache/"
+    assert _revisions.list_revisions(str(tmp_path)) == [NEW], "the seal is no revision"
+
+
+def test_sealing_again_changes_nothing(tmp_path, run_module):
+    sealed_revision(tmp_path, run_module)
+    before = snapshot(tmp_path)
+    args = {"root": str(tmp_path), "state": "sealed", "commit": NEW, "verified": VERIFIED}
+    assert run_module(checkpoint_revision, args)["changed"] is False
+    assert run_module(checkpoint_revision, args, check_mode=True)["changed"] is False
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda path: resize_keeping_mtime(path / "config.json", 3),
+        lambda path: os.utime(path / "config.json", (5, 5)),
+        lambda path: (path / "exl3" / "q31" / "bank.safetensors").unlink(),
+        lambda path: (path / "extra.json").write_text("{}"),
+    ],
+    ids=["resized", "touched", "removed", "added"],
+)
+def test_any_change_to_the_files_breaks_the_seal(tmp_path, run_module, change):
+    path = sealed_revision(tmp_path, run_module)
+    change(path)
+    result = present(tmp_path, run_module)
+    assert (result["complete"], result["verified"]) == (False, None)
+
+
+def test_the_download_s_and_verification_s_own_records_do_not_break_the_seal(tmp_path, run_module):
+    path = sealed_revision(tmp_path, run_module)
+    (path / ".cache" / "sparkserve" / "verified.json").write_text('{"rewritten": true}')
+    (path / ".cache" / "huggingface").mkdir()
+    (path / ".cache" / "huggingface" / "config.json.metadata").write_text(f"{NEW}\netag\n1\n")
+    assert present(tmp_path, run_module)["complete"] is True
+
+
+@pytest.mark.parametrize("seal", ["not json", json.dumps({"version": 1, "commit": OLD, "files": {}})])
+def test_an_unreadable_or_foreign_seal_is_no_seal(tmp_path, run_module, seal):
+    revision(tmp_path, NEW, 2_000)
+    (tmp_path / "revisions" / f".{NEW}.complete.json").write_text(seal)
+    assert present(tmp_path, run_module)["complete"] is False
+
+
+def test_check_mode_seals_nothing(tmp_path, run_module):
+    revision(tmp_path, NEW, 2_000)
+    before = snapshot(tmp_path)
+    args = {"root": str(tmp_path), "state": "sealed", "commit": NEW, "verified": VERIFIED}
+    result = run_module(checkpoint_revision, args, check_mode=True)
+    assert result["changed"] is True and result["msg"].startswith("would seal")
+    assert snapshot(tmp_path) == before
+
+
+def test_sealing_a_revision_that_is_not_there_fails(tmp_path, run_module):
+    result = run_module(
+        checkpoint_revision, {"root": str(tmp_path), "state": "sealed", "commit": NEW, "verified": VERIFIED}
+    )
+    assert result.failed and "is no revision directory" in result["msg"]
+
+
+def test_a_pruned_revision_takes_its_seal_with_it(tmp_path, run_module):
+    sealed_revision(tmp_path, run_module)
+    revision(tmp_path, NEWER, 3_000)
+    result = run_module(
+        checkpoint_revision, {"root": str(tmp_path), "state": "pruned", "keep": [NEWER], "keep_count": 1}
+    )
+    assert result["removed"] == [NEW]
+    assert sorted(os.listdir(tmp_path / "revisions")) == [NEWER]
