@@ -17,6 +17,7 @@ their files, and its verification records move with it.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 import re
@@ -313,38 +314,49 @@ def listing(model_dir: str) -> dict[str, list[int]]:
     return files
 
 
+def fingerprint(files: dict[str, list[int]]) -> str:
+    """A short digest of a listing: what a worker's seal records of the head's revision it copied."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:32]
+
+
 def read_seal(root: str, commit: str) -> dict[str, Any] | None:
-    """What the verification of a sealed revision reported, when the revision is as it was sealed;
-    ``None`` when there is no seal, it is unreadable, or any file differs from it."""
+    """``{"verified": what the verification reported, "fingerprint": of the listing}`` when the
+    revision is as it was sealed; ``None`` when there is no seal, it is unreadable or not this
+    revision's, or any file differs from it (or cannot be listed)."""
     try:
         text = read_text(seal_path(root, commit))
         if text is None:
             return None
         seal = json.loads(text)
+        model_dir = revision_path(root, commit)
+        files = listing(model_dir) if os.path.isdir(model_dir) else None
     except (OSError, FileContentError, ValueError):
         return None
     if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or seal.get("commit") != commit:
         return None
-    model_dir = revision_path(root, commit)
-    if not os.path.isdir(model_dir) or seal.get("files") != listing(model_dir):
-        return None
     verified = seal.get("verified")
-    return verified if isinstance(verified, dict) else None
+    if files is None or seal.get("files") != files or not isinstance(verified, dict):
+        return None
+    return {"verified": verified, "fingerprint": fingerprint(files)}
 
 
-def write_seal(root: str, commit: str, verified: dict[str, Any], now: float | None = None) -> bool:
-    """Seal the revision as it is now; ``False`` when the seal already says so."""
-    if read_seal(root, commit) == verified:
-        return False
+def write_seal(
+    root: str, commit: str, verified: dict[str, Any], now: float | None = None
+) -> tuple[bool, str]:
+    """Seal the revision as it is now: whether the seal changed, and the listing's fingerprint."""
+    files = listing(revision_path(root, commit))
+    current = read_seal(root, commit)
+    if current is not None and current["verified"] == verified:
+        return False, current["fingerprint"]
     seal = {
         "version": SEAL_VERSION,
         "commit": commit,
         "sealed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
         "verified": verified,
-        "files": listing(revision_path(root, commit)),
+        "files": files,
     }
     write_file_atomically(seal_path(root, commit), (json.dumps(seal, indent=2) + "\n").encode(), 0o644)
-    return True
+    return True, fingerprint(files)
 
 
 def unseal(root: str, commit: str) -> bool:

@@ -92,9 +92,19 @@ options:
     default: 2
   verified:
     description:
-      - O(state=sealed) - what the verification of the revision reported, returned as RV(verified) while
-        the seal holds (the role keeps C(exl3_file_count), which a worker's verification checks against).
+      - O(state=sealed) - what the verification of the revision reported and the settings it ran with,
+        returned as RV(verified) while the seal holds. The role keeps C(exl3_file_count), which a
+        worker's verification checks against, C(keep_parts) on a node that downloads, and on a
+        worker's copy C(source), the head's RV(fingerprint).
+      - Required with O(state=sealed).
     type: dict
+  verified_with:
+    description:
+      - O(state=present) - what the seal's O(verified) must hold for RV(complete). A seal made with
+        other settings (the parts kept or not) or of another copy of the head's revision does not
+        count, and the role fetches and verifies again.
+    type: dict
+    default: {}
 notes:
   - Check mode resolves the revision (a read-only question to the hub) and changes nothing.
 seealso:
@@ -155,9 +165,18 @@ exists:
   returned: state is present
   type: bool
 complete:
-  description: O(state=present) - whether the revision is sealed and every file is as the seal lists it.
+  description:
+    - O(state=present) - whether the revision is sealed, every file is as the seal lists it, and the
+      seal holds O(verified_with).
   returned: state is present
   type: bool
+fingerprint:
+  description:
+    - A digest of the revision's files as sealed - O(state=present) while RV(complete), else null;
+      O(state=sealed) as they are now.
+  returned: state is present or sealed
+  type: str
+  sample: 9f2c41d07be35a6e0d14c2b7a8e95f31
 verified:
   description: O(state=present) - the seal's O(verified) while RV(complete), else null.
   returned: state is present
@@ -215,10 +234,12 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     RevisionError,
     adopt,
     adoption_plan,
+    fingerprint,
     is_commit,
     keep_single_directory_view,
     leftover_removals,
     list_revisions,
+    listing,
     prune_plan,
     read_adopted,
     read_seal,
@@ -263,9 +284,13 @@ def _present(module: AnsibleModule, root: str) -> dict:
         module.fail_json(msg=f"a revision's commit is 40 hex digits, got {commit!r}")
     path = revision_path(root, commit)
     exists = os.path.isdir(path) or (planned is not None and planned["commit"] == commit)
-    verified = read_seal(root, commit) if exists else None
+    seal = read_seal(root, commit) if exists else None
+    # Complete: sealed, every file as sealed, and sealed with what this run asks (verified_with).
+    complete = seal is not None and all(
+        seal["verified"].get(key) == value for key, value in params["verified_with"].items()
+    )
     what = f"revision {commit} at {path}" + (
-        " (complete as sealed: nothing to fetch, verify or copy)" if verified is not None
+        " (complete as sealed: nothing to fetch, verify or copy)" if complete
         else "" if exists else " (to be fetched)"
     )  # fmt: skip
     if adopted:
@@ -276,8 +301,9 @@ def _present(module: AnsibleModule, root: str) -> dict:
         "commit": commit,
         "model_dir": path,
         "exists": exists,
-        "complete": verified is not None,
-        "verified": verified,
+        "complete": complete,
+        "verified": seal["verified"] if complete else None,
+        "fingerprint": seal["fingerprint"] if complete else None,
         "adopted": adopted,
         "adopted_commit": adopted["commit"] if adopted else read_adopted(root),
         "revisions": on_disk,
@@ -291,13 +317,18 @@ def _sealed(module: AnsibleModule, root: str) -> dict:
     path = revision_path(root, commit)
     if not is_commit(commit) or not os.path.isdir(path):
         module.fail_json(msg=f"cannot seal revision {commit!r}: {path} is no revision directory", root=root)
-    # Check mode only compares.
-    changed = read_seal(root, commit) != verified if module.check_mode else write_seal(root, commit, verified)
+    if module.check_mode:
+        seal = read_seal(root, commit)
+        changed = seal is None or seal["verified"] != verified
+        digest = fingerprint(listing(path)) if changed else seal["fingerprint"]
+    else:
+        changed, digest = write_seal(root, commit, verified)
     verb = ("would seal" if module.check_mode else "sealed") if changed else "already sealed:"
     return {
         "changed": changed,
         "commit": commit,
         "model_dir": path,
+        "fingerprint": digest,
         "revisions": list_revisions(root),
         "msg": f"{verb} revision {commit}; later runs trust it while its files keep their sizes and times",
     }
@@ -343,6 +374,7 @@ def main() -> None:
             "keep": {"type": "list", "elements": "str", "default": []},
             "keep_count": {"type": "int", "default": 2},
             "verified": {"type": "dict"},
+            "verified_with": {"type": "dict", "default": {}},
         },
         mutually_exclusive=[("commit", "repo_id")],
         required_if=[

@@ -20,7 +20,8 @@ description:
     group and mode (as M(ansible.builtin.file) gives them); files are written whole, through a
     temporary file in the same directory and an atomic rename, only when their content differs.
   - Owner, group and mode of every entry are set when they differ, as the file options of
-    M(ansible.builtin.file) set them.
+    M(ansible.builtin.file) set them; a path that is a symbolic link gets them on its target, as
+    M(ansible.builtin.file) with its default C(follow=true) does.
   - Fails before changing anything when an entry's path is taken by something of the other kind (a
     file where a directory is wanted, or the reverse), or a file's directory is neither there nor
     in O(directories).
@@ -29,7 +30,8 @@ description:
 options:
   directories:
     description:
-      - The directories, created in the order given. An entry given twice counts once.
+      - The directories, created in the order given. An entry given twice counts once; the same path
+        twice with other attributes fails before anything changes.
     type: list
     elements: dict
     default: []
@@ -151,6 +153,8 @@ def file_arguments(module: AnsibleModule, entry: dict, path: str | None = None) 
             "mode": entry["mode"],
             "owner": entry["owner"],
             "group": entry["group"],
+            # As ansible.builtin.file: a link's target gets the attributes, not the link.
+            "follow": True,
         }
     )
 
@@ -208,9 +212,19 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    # The same directory twice (two settings naming one place) is one entry.
-    directories = [entry for index, entry in enumerate(module.params["directories"])
-                   if entry not in module.params["directories"][:index]]  # fmt: skip
+    # The same directory twice (two settings naming one place) is one entry; twice with other
+    # attributes, one would undo the other on every run.
+    directories: list[dict] = []
+    for entry in module.params["directories"]:
+        same = [
+            seen for seen in directories if os.path.abspath(seen["path"]) == os.path.abspath(entry["path"])
+        ]
+        if same and same[0] != entry:
+            module.fail_json(
+                msg=f"directories lists {entry['path']} twice with other attributes: {same[0]} and {entry}"
+            )
+        if not same:
+            directories.append(entry)
     files = module.params["files"]
 
     # Plan everything before changing anything.

@@ -386,11 +386,55 @@ def test_the_download_s_and_verification_s_own_records_do_not_break_the_seal(tmp
     assert present(tmp_path, run_module)["complete"] is True
 
 
-@pytest.mark.parametrize("seal", ["not json", json.dumps({"version": 1, "commit": OLD, "files": {}})])
-def test_an_unreadable_or_foreign_seal_is_no_seal(tmp_path, run_module, seal):
-    revision(tmp_path, NEW, 2_000)
-    (tmp_path / "revisions" / f".{NEW}.complete.json").write_text(seal)
+def test_an_unreadable_seal_or_another_revision_s_is_no_seal(tmp_path, run_module):
+    path = revision(tmp_path, NEW, 2_000)
+    seal = tmp_path / "revisions" / f".{NEW}.complete.json"
+    seal.write_text("not json")
     assert present(tmp_path, run_module)["complete"] is False
+    # Right files, wrong commit: only the commit check refuses it.
+    listed = _revisions.listing(str(path))
+    seal.write_text(json.dumps({"version": 1, "commit": OLD, "verified": VERIFIED, "files": listed}))
+    assert present(tmp_path, run_module)["complete"] is False
+    seal.write_text(json.dumps({"version": 1, "commit": NEW, "verified": VERIFIED, "files": listed}))
+    assert present(tmp_path, run_module)["complete"] is True
+
+
+def test_a_revision_that_cannot_be_listed_is_not_complete(tmp_path, run_module, monkeypatch):
+    sealed_revision(tmp_path, run_module)
+
+    def unreadable(model_dir):
+        raise PermissionError(13, "Permission denied", model_dir)
+
+    monkeypatch.setattr(_revisions, "listing", unreadable)
+    assert present(tmp_path, run_module)["complete"] is False
+
+
+@pytest.mark.parametrize(
+    ("verified_with", "complete"),
+    [
+        ({}, True),
+        ({"exl3_file_count": 13}, True),
+        ({"keep_parts": False}, False),
+        ({"source": "other"}, False),
+    ],
+)
+def test_a_seal_counts_only_when_it_holds_what_the_run_asks(tmp_path, run_module, verified_with, complete):
+    sealed_revision(tmp_path, run_module)
+    result = run_module(
+        checkpoint_revision, {"root": str(tmp_path), "commit": NEW, "verified_with": verified_with}
+    )
+    assert (result["complete"], result["verified"] is not None) == (complete, complete)
+
+
+def test_the_fingerprint_follows_the_files(tmp_path, run_module):
+    path = sealed_revision(tmp_path, run_module)
+    args = {"root": str(tmp_path), "state": "sealed", "commit": NEW, "verified": VERIFIED}
+    sealed = run_module(checkpoint_revision, args)
+    assert present(tmp_path, run_module)["fingerprint"] == sealed["fingerprint"]
+    (path / "extra.json").write_text("{}")
+    assert present(tmp_path, run_module)["fingerprint"] is None, "not complete: no fingerprint"
+    resealed = run_module(checkpoint_revision, args)
+    assert resealed["changed"] is True and resealed["fingerprint"] != sealed["fingerprint"]
 
 
 def test_check_mode_seals_nothing(tmp_path, run_module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,36 @@ def test_a_directory_given_twice_counts_once(run_module, tmp_path):
     entry = {"path": str(tmp_path / "etc" / "sparkserve"), "mode": "0755"}
     result = run_module(node_files, {"directories": [entry, dict(entry)]})
     assert result["changed_paths"] == [entry["path"]]
+
+
+def test_the_same_directory_twice_with_other_attributes_fails_before_anything_changes(run_module, tmp_path):
+    path = str(tmp_path / "state")
+    result = run_module(
+        node_files, {"directories": [{"path": path, "mode": "0700"}, {"path": path, "mode": "0755"}]}
+    )
+    assert result.failed and f"directories lists {path} twice with other attributes" in result["msg"]
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_directory_that_is_a_link_gets_the_attributes_on_its_target(run_module, tmp_path):
+    target = tmp_path / "real-state"
+    target.mkdir(mode=0o755)
+    link = tmp_path / "state"
+    link.symlink_to(target)
+    result = run_module(node_files, {"directories": [{"path": str(link), "mode": "0700"}]})
+    assert result["changed_paths"] == [str(link)]
+    assert mode_of(target) == 0o700 and link.is_symlink()
+    assert run_module(node_files, {"directories": [{"path": str(link), "mode": "0700"}]})["changed"] is False
+
+
+def test_owner_and_group_are_set_when_they_differ(run_module, tmp_path):
+    # Root (CI, the lab) can give the file to nobody; another user only to itself.
+    owner = 65534 if os.geteuid() == 0 else os.geteuid()
+    (tmp_path / "unit").write_text(UNIT)
+    args = {
+        "files": [{"path": str(tmp_path / "unit"), "content": UNIT, "owner": str(owner), "group": str(owner)}]
+    }
+    first = run_module(node_files, args)
+    assert first["changed"] is (owner != os.geteuid())
+    assert ((tmp_path / "unit").stat().st_uid, (tmp_path / "unit").stat().st_gid) == (owner, owner)
+    assert run_module(node_files, args)["changed"] is False
