@@ -41,7 +41,9 @@ def test_nodes_that_disagree_on_the_gid_index_stop_preflight_naming_rank_gid_ind
     assert pinned.returncode == 0, pinned.stdout[-3000:]
 
 
-def test_a_wrong_ssh_option_for_the_copy_reaches_ssh():
+def test_a_wrong_ssh_option_for_the_copy_reaches_ssh(lab):
+    # A worker whose copy is complete as sealed gets no copy: a touched file breaks the seal.
+    lab.ssh("worker", f"touch {model_dir(lab)}/config.json")
     # Port 1 answers nothing: the copy fails, which proves the option reached ssh (SSH_OPTS).
     run, _ = site("--tags", "checkpoint", "-e", '{"checkpoint_copy_ssh_options": ["-o", "Port=1"]}')
     assert run.returncode != 0
