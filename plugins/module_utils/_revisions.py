@@ -319,44 +319,60 @@ def fingerprint(files: dict[str, list[int]]) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def read_seal(root: str, commit: str) -> dict[str, Any] | None:
-    """``{"verified": what the verification reported, "fingerprint": of the listing}`` when the
-    revision is as it was sealed; ``None`` when there is no seal, it is unreadable or not this
-    revision's, or any file differs from it (or cannot be listed)."""
+def _stored_seal(root: str, commit: str) -> dict[str, Any] | None:
+    """The seal file of ``commit`` as written, or ``None`` when missing, unreadable or not its."""
     try:
         text = read_text(seal_path(root, commit))
-        if text is None:
-            return None
-        seal = json.loads(text)
-        model_dir = revision_path(root, commit)
-        files = listing(model_dir) if os.path.isdir(model_dir) else None
+        seal = json.loads(text) if text is not None else None
     except (OSError, FileContentError, ValueError):
         return None
     if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or seal.get("commit") != commit:
         return None
-    verified = seal.get("verified")
-    if files is None or seal.get("files") != files or not isinstance(verified, dict):
+    return seal if isinstance(seal.get("verified"), dict) else None
+
+
+def _current_listing(root: str, commit: str) -> dict[str, list[int]] | None:
+    """The revision's listing now, or ``None`` when it is gone or cannot be listed."""
+    model_dir = revision_path(root, commit)
+    try:
+        return listing(model_dir) if os.path.isdir(model_dir) else None
+    except OSError:
         return None
-    return {"verified": verified, "fingerprint": fingerprint(files)}
+
+
+def read_seal(root: str, commit: str) -> dict[str, Any] | None:
+    """``{"verified": what the verification reported, "fingerprint": of the listing}`` when the
+    revision is as it was sealed; ``None`` when there is no seal, it is unreadable or not this
+    revision's, or any file differs from it (or cannot be listed)."""
+    seal = _stored_seal(root, commit)
+    files = _current_listing(root, commit) if seal is not None else None
+    if files is None or seal.get("files") != files:
+        return None
+    return {"verified": seal["verified"], "fingerprint": fingerprint(files)}
+
+
+def plan_seal(root: str, commit: str, verified: dict[str, Any]) -> tuple[bool, dict[str, list[int]]]:
+    """Whether sealing the revision now would change its seal, and its listing (walked once)."""
+    files = listing(revision_path(root, commit))
+    seal = _stored_seal(root, commit)
+    return seal is None or seal.get("files") != files or seal["verified"] != verified, files
 
 
 def write_seal(
     root: str, commit: str, verified: dict[str, Any], now: float | None = None
 ) -> tuple[bool, str]:
     """Seal the revision as it is now: whether the seal changed, and the listing's fingerprint."""
-    files = listing(revision_path(root, commit))
-    current = read_seal(root, commit)
-    if current is not None and current["verified"] == verified:
-        return False, current["fingerprint"]
-    seal = {
-        "version": SEAL_VERSION,
-        "commit": commit,
-        "sealed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-        "verified": verified,
-        "files": files,
-    }
-    write_file_atomically(seal_path(root, commit), (json.dumps(seal, indent=2) + "\n").encode(), 0o644)
-    return True, fingerprint(files)
+    changed, files = plan_seal(root, commit, verified)
+    if changed:
+        seal = {
+            "version": SEAL_VERSION,
+            "commit": commit,
+            "sealed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "verified": verified,
+            "files": files,
+        }
+        write_file_atomically(seal_path(root, commit), (json.dumps(seal, indent=2) + "\n").encode(), 0o644)
+    return changed, fingerprint(files)
 
 
 def unseal(root: str, commit: str) -> bool:

@@ -239,7 +239,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     keep_single_directory_view,
     leftover_removals,
     list_revisions,
-    listing,
+    plan_seal,
     prune_plan,
     read_adopted,
     read_seal,
@@ -318,9 +318,8 @@ def _sealed(module: AnsibleModule, root: str) -> dict:
     if not is_commit(commit) or not os.path.isdir(path):
         module.fail_json(msg=f"cannot seal revision {commit!r}: {path} is no revision directory", root=root)
     if module.check_mode:
-        seal = read_seal(root, commit)
-        changed = seal is None or seal["verified"] != verified
-        digest = fingerprint(listing(path)) if changed else seal["fingerprint"]
+        changed, files = plan_seal(root, commit, verified)
+        digest = fingerprint(files)
     else:
         changed, digest = write_seal(root, commit, verified)
     verb = ("would seal" if module.check_mode else "sealed") if changed else "already sealed:"
