@@ -49,7 +49,8 @@ FORCED = "deployment_lock_force is true"
 TAKE_OVER_ATTEMPTS = 3
 
 ARGUMENT_SPEC = {
-    "path": {"type": "path", "required": True},
+    # A str here: the module expands `~` on the head, where the lock lives, not on the controller.
+    "path": {"type": "str", "required": True},
     "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
     "force": {"type": "bool", "default": False},
 }
@@ -207,7 +208,7 @@ class ActionModule(ActionBase):
         if outcome.get("status") != HELD_BY_OTHER:  # failed otherwise
             return {**result, **outcome}
         other = outcome.get("previous_holder") or {}
-        return {**result, **outcome, "failed": True, "msg": held_message(head, args["path"], other)}
+        return {**result, **outcome, "failed": True, "msg": held_message(head, outcome.get("lock_file", args["path"]), other)}
 
     def _lock(self, module_args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         return self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)

@@ -142,7 +142,7 @@ def acquire(
     text = lock_text(holder)
     if check_mode:
         return _plan_acquire(*read_lock(path), holder, text, take_over)
-    _require_directory(path)
+    _ensure_directory(path)
     with _guarded(path):
         outcome = _plan_acquire(*read_lock(path), holder, text, take_over)
         if outcome.status == ACQUIRED:
@@ -197,12 +197,21 @@ def guard_path(path: str) -> str:
     return os.path.join(directory, f".{name}.guard")
 
 
-def _require_directory(path: str) -> None:
+def _ensure_directory(path: str) -> None:
+    """Create the lock's directory (0700, private like the state it holds) when it is missing."""
     directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise LockError(
-            f"the directory of the deployment lock does not exist: {directory}; create it first (0700)"
-        )
+    if os.path.isdir(directory):
+        return
+    try:
+        os.makedirs(directory, mode=0o700)
+    except FileExistsError:
+        if not os.path.isdir(directory):
+            raise LockError(f"the directory of the deployment lock is not a directory: {directory}") from None
+        return
+    except OSError as err:
+        raise LockError(f"cannot create the directory of the deployment lock {directory}: {err.strerror}") from err
+    # makedirs' mode passes through the umask; the state directory is 0700 whatever it is.
+    os.chmod(directory, 0o700)
 
 
 @contextmanager

@@ -33,7 +33,9 @@ description:
     empty and kept), so a take-over replaces only the holder it judged gone (compare-and-swap).
 options:
   path:
-    description: The lock file. Its directory must exist (the playbooks create the state directory, 0700).
+    description:
+      - The lock file; C(~) is the home of the user the module runs as on the head.
+      - Taking the lock creates its directory (mode C(0700)) when it is missing.
     type: path
     required: true
   state:

@@ -7,6 +7,7 @@ import errno
 import json
 import multiprocessing
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -164,11 +165,24 @@ def test_release_without_a_lock_or_its_directory_is_nothing_to_do(lock, tmp_path
     assert not gone.parent.exists(), "nothing is created to say so"
 
 
-def test_acquire_needs_the_directory(tmp_path):
-    with pytest.raises(
-        LockError, match=r"directory of the deployment lock does not exist: .*/missing; create it"
-    ):
-        acquire(str(tmp_path / "missing" / "deployment.lock"), holder("mine"))
+def test_acquire_creates_a_missing_directory_private(tmp_path):
+    lock = tmp_path / "state" / "deeper" / "deployment.lock"
+    outcome = acquire(str(lock), holder("mine"))
+    assert (outcome.status, outcome.changed) == (ACQUIRED, True)
+    assert lock.is_file()
+    assert stat.S_IMODE(lock.parent.stat().st_mode) == 0o700
+
+
+def test_acquire_leaves_an_existing_directory_as_it_is(lock):
+    lock.parent.chmod(0o750)
+    acquire(str(lock), holder("mine"))
+    assert stat.S_IMODE(lock.parent.stat().st_mode) == 0o750
+
+
+def test_acquire_refuses_a_file_where_the_directory_belongs(tmp_path):
+    (tmp_path / "state").write_text("")
+    with pytest.raises(LockError, match=r"the directory of the deployment lock is not a directory: .*/state$"):
+        acquire(str(tmp_path / "state" / "deployment.lock"), holder("mine"))
 
 
 def test_check_mode_changes_nothing_and_reports_what_would_happen(lock, tmp_path):

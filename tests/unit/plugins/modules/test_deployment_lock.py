@@ -144,13 +144,19 @@ def test_a_first_run_in_check_mode_needs_no_state_directory(run_module, tmp_path
     assert not lock.parent.exists()
 
 
-def test_fails_clearly_without_the_directory(run_module, tmp_path):
+def test_creates_the_state_directory_when_taking_the_lock(run_module, tmp_path):
     lock = tmp_path / "not-yet" / "deployment.lock"
     result = take(run_module, lock, "mine")
-    assert result.failed
-    assert result["msg"] == (
-        f"the directory of the deployment lock does not exist: {lock.parent}; create it first (0700)"
-    )
+    assert (result["changed"], result["status"]) == (True, "acquired")
+    assert lock.is_file()
+    assert oct(lock.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_expands_the_users_home_in_the_path(run_module, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    result = take(run_module, "~/.state/deployment.lock", "mine")
+    assert result["lock_file"] == str(tmp_path / ".state" / "deployment.lock")
+    assert (tmp_path / ".state" / "deployment.lock").is_file()
 
 
 @pytest.mark.parametrize("given", [None, {}, {"controller": "box"}, {"token": ""}])
