@@ -46,7 +46,9 @@ options:
     type: int
     default: 30
   stop_file:
-    description: When this file appears the watch ends with what it saw so far.
+    description:
+      - When this file appears the watch ends with what it saw so far.
+      - One left by an earlier watch is removed when the watch starts.
     type: path
   progress_file:
     description: The collection's progress document (C(unit) C(probes)), for M(sparkserve.dsv41.job_wait).
@@ -157,6 +159,13 @@ def main() -> None:
                 key = handle.read().strip()
         except OSError as exc:
             module.fail_json(msg=f"cannot read the API key file {params['key_file']}: {exc.strerror or exc}")
+    if params["stop_file"]:
+        try:
+            os.remove(params["stop_file"])
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            module.fail_json(msg=f"cannot remove the stop file {params['stop_file']}: {exc.strerror}")
     progress = ProgressWriter(params["progress_file"], "API watch", unit="probes")
     start = time.time()
     watch = GapWatch(started=start)

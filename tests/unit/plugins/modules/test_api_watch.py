@@ -77,6 +77,17 @@ def test_the_stop_file_ends_a_watch_that_saw_no_gap(tmp_path, api, run_module):
     assert result["downtime_seconds"] is None and result["msg"].startswith("no gap seen in")
 
 
+def test_a_stop_file_left_by_an_earlier_watch_is_removed_when_the_watch_starts(tmp_path, api, run_module):
+    stop = tmp_path / "stop"
+    stop.touch()
+    threading.Timer(0.5, stop.touch).start()
+    started = time.monotonic()
+    result = run_module(api_watch, {"url": api, "model": "m", "interval": 0.1, "stop_file": str(stop)})
+    assert not result.failed
+    assert time.monotonic() - started >= 0.4, "the stale stop file did not end the watch at once"
+    assert result["probes"] >= 3
+
+
 def test_an_api_that_never_comes_back_fails_naming_the_timeout(tmp_path, run_module):
     args = {"url": "http://127.0.0.1:9/v1", "model": "m", "interval": 0.1, "timeout_minutes": 0}
     result = run_module(api_watch, args)
