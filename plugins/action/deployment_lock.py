@@ -208,7 +208,9 @@ class ActionModule(ActionBase):
         if outcome.get("status") != HELD_BY_OTHER:  # failed otherwise
             return {**result, **outcome}
         other = outcome.get("previous_holder") or {}
-        return {**result, **outcome, "failed": True, "msg": held_message(head, outcome.get("lock_file", args["path"]), other)}
+        # The module's lock_file: the path with `~` expanded on the head.
+        lock_file = outcome.get("lock_file", args["path"])
+        return {**result, **outcome, "failed": True, "msg": held_message(head, lock_file, other)}
 
     def _lock(self, module_args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         return self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)

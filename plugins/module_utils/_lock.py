@@ -209,7 +209,9 @@ def _ensure_directory(path: str) -> None:
             raise LockError(f"the directory of the deployment lock is not a directory: {directory}") from None
         return
     except OSError as err:
-        raise LockError(f"cannot create the directory of the deployment lock {directory}: {err.strerror}") from err
+        raise LockError(
+            f"cannot create the directory of the deployment lock {directory}: {err.strerror}"
+        ) from err
     # makedirs' mode passes through the umask; the state directory is 0700 whatever it is.
     os.chmod(directory, 0o700)
 

@@ -181,7 +181,7 @@ def test_acquire_leaves_an_existing_directory_as_it_is(lock):
 
 def test_acquire_refuses_a_file_where_the_directory_belongs(tmp_path):
     (tmp_path / "state").write_text("")
-    with pytest.raises(LockError, match=r"the directory of the deployment lock is not a directory: .*/state$"):
+    with pytest.raises(LockError, match=r"the deployment lock is not a directory: .*/state$"):
         acquire(str(tmp_path / "state" / "deployment.lock"), holder("mine"))
 
 
