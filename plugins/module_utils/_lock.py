@@ -11,7 +11,8 @@ exists a second run stops, and the head's supervisor leaves the ranks alone.
   which fails when the name exists (``O_EXCL`` on a filesystem without hard links), so it is never
   created twice and a reader never sees half of it.
 - Every change (create, take over, remove) is made under an exclusive ``flock`` of a guard file
-  beside it (``.deployment.lock.guard``, empty and kept): reading the lock, comparing its token and
+  beside it (``.deployment.lock.guard``, empty and kept; its mtime is when a run last took the
+  lock, which the head's supervisor reads): reading the lock, comparing its token and
   changing it is one step, so a take-over replaces the lock only while it still holds the token the
   caller judged stale (compare-and-swap), and a release removes only the caller's own lock.
 - Whether a holder is stale is not decided here: that needs the controller (its processes, its boot
@@ -153,6 +154,10 @@ def acquire(
                 return _plan_acquire(*read_lock(path), holder, text, None)
         elif outcome.status == TAKEN_OVER:
             _replace(path, text)
+        if outcome.changed:
+            # The guard stays when the lock goes: its mtime tells the supervisor that a run came,
+            # however short (a supervisor that gave up waits for one).
+            os.utime(guard_path(path))
     return outcome
 
 

@@ -22,7 +22,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from deployment_support import INVENTORY, STATE_DIR, api_key, model_dir, run_playbook, site, user_environment
+from deployment_support import (
+    INVENTORY,
+    MODEL_DIR,
+    STATE_DIR,
+    api_key,
+    model_dir,
+    run_playbook,
+    site,
+    user_environment,
+)
 from lab_support import HUB_ENDPOINT, MGMT_ADDRESS, REPO, STATE, labctl, wait_for
 
 RANKS = {"head": 0, "worker": 1}
@@ -504,7 +513,9 @@ def test_a_site_yml_killed_during_the_copy_resumes_and_never_records_a_partial_f
     served = model_dir(lab)
     head_sums = shard_sums(lab, "head")
     lost = ["model-00005-of-00006.safetensors", "model-00006-of-00006.safetensors"]
-    lab.ssh("worker", f"cd {served} && rm {' '.join(lost)}")
+    # From every revision the worker keeps (a disk swap loses them all): with them in another one,
+    # rsync would link them from there (--link-dest) instead of copying them.
+    lab.ssh("worker", f"cd {MODEL_DIR}/revisions && rm -f {' '.join(f'*/{name}' for name in lost)}")
     in_flight = f"ls -a {served} | grep -c '^\\.model-0000[56]-of-00006\\.safetensors\\.' || true"
     first = subprocess.Popen(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, "site.yml",

@@ -13,7 +13,8 @@ Around that: a memory-guard kill stops the whole group and waits for memory befo
 again (a lone survivor only wastes memory); a node whose fabric link is down (rankctl reads the
 interface's operstate and carrier) stops the whole group too, until every link is up again (no
 rank works without it, and that is no failed attempt); failed starts back off, doubling, and
-after ``max_attempts`` in a row the supervisor gives up and says why; while a deployment run holds
+after ``max_attempts`` in a row the supervisor gives up and says why, until a deployment run takes
+the lock (or the service restarts); while a deployment run holds
 ``<state_dir>/deployment.lock`` it acts on nothing; on its first look after it starts it adopts
 a group that is already serving instead of restarting it. Every decision is logged with its
 reason (stdout for journald, and a size-rotated ``supervisor.log``), and
@@ -98,7 +99,7 @@ class State(enum.Enum):
     MEMORY_WAIT = "memory_wait"  # stopped after a memory-guard kill, waiting for memory
     FABRIC_WAIT = "fabric_wait"  # stopped because a node's fabric link is down, waiting for it
     BACKOFF = "backoff"  # an attempt failed; the next restart waits
-    GAVE_UP = "gave_up"  # max_attempts failed in a row; acts on nothing until the service restarts
+    GAVE_UP = "gave_up"  # max_attempts failed in a row; acts on nothing until a deployment run or a restart
     PAUSED = "paused"  # a deployment run holds the lock
     STOPPED = "stopped"  # the supervisor is not running (written on exit) or has not looked yet
 
@@ -203,6 +204,11 @@ class Settings:
     def lock_path(self) -> Path:
         return self.state_dir / LOCK_NAME
 
+    @property
+    def lock_guard_path(self) -> Path:
+        """The lock's guard file, which stays: its mtime is when a deployment run last took the lock."""
+        return self.state_dir / f".{LOCK_NAME}.guard"
+
     def describe(self) -> str:
         """The start line: every setting but the key, so a log read later says how it was configured."""
         nodes = " ".join(f"{n.rank}:{n.name}" for n in self.nodes)
@@ -276,6 +282,7 @@ class Observation(NamedTuple):
     probe: ProbeResult | None  # None: no probe this tick
     lock: LockStatus = LockStatus.NONE
     lock_mtime: float | None = None
+    lock_taken: float | None = None  # when a deployment run last took the lock (None: never)
 
 
 class Baseline(NamedTuple):
@@ -841,7 +848,15 @@ def _decide_paused(obs: Observation, settings: Settings) -> Decision:
     return Decision(Action.NONE, State.PAUSED, reason, 0)
 
 
-def _decide_gave_up(_obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
+def _decide_gave_up(obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
+    if obs.lock_taken is not None and obs.lock_taken > memory.since:
+        # The operator it waited for: a deployment run, which put the ranks right. However short the
+        # run was (between two ticks), the lock's guard says it came. It looks as after a start,
+        # with no failed attempt counted.
+        down = fabric_down(obs)
+        first_look = _fabric_stop(down, memory)._replace(attempts=0) if down else _adopt(obs)
+        reason = f"a deployment run took the lock since it gave up: {first_look.reason}"
+        return first_look._replace(reason=reason)
     return Decision(Action.NONE, State.GAVE_UP, memory.reason, memory.attempts)
 
 
@@ -1172,13 +1187,14 @@ class Supervisor:
         s = self.settings
         mtime = read_lock_mtime(s.lock_path)
         lock = lock_status(mtime, now, s.pause_max)
+        taken = read_lock_mtime(s.lock_guard_path)
         ranks = self.collect_ranks()
         health, health_detail = self.get_health()
         metrics = self.get_metrics()
         probe = None
         if lock is not LockStatus.HELD and should_probe(self.memory, health, metrics, now, s):
             probe = self.probe()
-        return Observation(ranks, health, health_detail, metrics, probe, lock, mtime)
+        return Observation(ranks, health, health_detail, metrics, probe, lock, mtime, taken)
 
     # -- acting -----------------------------------------------------------------------------
 

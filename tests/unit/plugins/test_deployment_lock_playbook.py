@@ -82,7 +82,7 @@ def outcome_play(play: dict) -> bool:
     """Whether ``play`` is the one that fails a run whose switch failed (only on the gate's group)."""
     tasks_from = [t["ansible.builtin.include_role"]["tasks_from"] for t in play["tasks"]]
     hosts = "{{ groups.release_switch_failed | default([]) }}"
-    return tasks_from == ["outcome.yml"] and play["hosts"] == hosts
+    return tasks_from == ["outcome"] and play["hosts"] == hosts
 
 
 def lock_plays() -> tuple[dict, dict]:

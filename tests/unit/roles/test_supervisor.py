@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._lock import acquire, guard_path, release
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROGRAM = REPO_ROOT / "roles" / "supervisor" / "files" / "dsv41_supervisor.py"
@@ -848,6 +849,30 @@ PROBE_OK = sup.ProbeResult(NOW, sup.Probe.OK, "answered")
             "gave_up",
             "gave up after 5",
             id="gave-up-acts-on-nothing",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED, lock_taken=T0 - 1),
+            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            "none",
+            "gave_up",
+            "gave up after 5",
+            id="gave-up-ignores-a-run-before-it-gave-up",
+        ),
+        pytest.param(
+            obs(lock_taken=T0 + 60),
+            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            "adopt",
+            "healthy",
+            "a deployment run took the lock since it gave up: adopted the running group (rank 0",
+            id="gave-up-adopts-what-a-later-run-started",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED, lock_taken=T0 + 60),
+            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            "restart",
+            "starting",
+            "a deployment run took the lock since it gave up: lost rank 1 on spark-b",
+            id="gave-up-restarts-after-a-later-run",
         ),
         pytest.param(
             obs(rank("spark-a"), EXITED, lock=sup.LockStatus.HELD, lock_mtime=NOW - 60),
@@ -1687,6 +1712,36 @@ def test_deployment_lock_pauses_then_the_group_is_adopted_again(h: Harness) -> N
     h.tick(5)
     assert h.cluster.actions() == []  # adopted, not restarted
     assert "healthy action=adopt" in h.log_lines("decision")[-1]
+
+
+def test_a_supervisor_that_gave_up_looks_again_after_a_run_however_short(h: Harness) -> None:
+    h.adopt_healthy()
+    h.worker.fail.add("start")
+    h.worker.die(1)
+    h.until(lambda: h.sup.memory.state is sup.State.GAVE_UP)
+    h.tick(10)
+    assert h.sup.memory.state is sup.State.GAVE_UP, "nothing but a run makes it look again"
+    actions = len(h.cluster.actions())
+    # A run that took the lock and gave it back between two ticks, having put the ranks right.
+    h.worker.fail.clear()
+    h.worker.state = h.head.state = "running"
+    h.worker.started_at = iso(h.clock.now)
+    h.head.started_at = iso(h.clock.now + 1)
+    h.api.health = 200
+    lock = h.state_dir / "deployment.lock"
+    acquire(str(lock), {"token": "run"})
+    release(str(lock), "run")
+    assert not lock.exists()
+    # The module stamps the guard with the real time (test_lock); here, the harness's clock.
+    os.utime(guard_path(str(lock)), (h.clock.now, h.clock.now))
+    h.tick()
+    assert h.sup.memory.state is sup.State.HEALTHY and h.sup.memory.attempts == 0
+    assert len(h.cluster.actions()) == actions, "adopted, not restarted"
+    assert "a deployment run took the lock since it gave up: adopted" in h.log_lines("decision")[-1]
+
+
+def test_the_lock_guard_is_the_one_the_lock_module_keeps() -> None:
+    assert SETTINGS.lock_guard_path == Path(guard_path(str(SETTINGS.lock_path)))
 
 
 def test_a_stale_lock_is_ignored_with_one_warning(h: Harness) -> None:

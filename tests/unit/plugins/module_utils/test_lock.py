@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,23 @@ def test_acquire_on_empty_creates_the_lock_0600_and_nothing_else(lock):
         "deployment.lock",
     ]
     assert Path(guard_path(str(lock))).read_bytes() == b""
+
+
+def test_taking_the_lock_stamps_the_guard_and_nothing_else_does(lock):
+    guard = Path(guard_path(str(lock)))
+    acquire(str(lock), holder("a" * 32))
+    os.utime(guard, (1, 1))
+    acquire(str(lock), holder("a" * 32))  # already held
+    acquire(str(lock), holder("other"))  # held by another run
+    release(str(lock), "other")  # not this run's
+    release(str(lock), "a" * 32)
+    assert guard.stat().st_mtime == 1, "only taking the lock says a run came"
+    before = time.time()
+    acquire(str(lock), holder("b" * 32))
+    assert guard.stat().st_mtime >= before - 1
+    os.utime(guard, (1, 1))
+    acquire(str(lock), holder("c" * 32), take_over="b" * 32)
+    assert guard.stat().st_mtime >= before - 1
 
 
 def test_acquire_again_by_the_same_run_changes_nothing(lock):
