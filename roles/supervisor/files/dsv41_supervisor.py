@@ -310,6 +310,8 @@ class Memory:
     last_probe: ProbeResult | None = None
     last_action: tuple[float, str, str] | None = None
     stale_lock_warned: float | None = None  # mtime of the stale lock already warned about
+    # The lock guard's mtime as last seen before giving up: a run that took the lock since changes it.
+    lock_taken_seen: float | None = None
 
 
 class Decision(NamedTuple):
@@ -655,6 +657,8 @@ def track(memory: Memory, obs: Observation, now: float) -> Memory:
         last_progress=last_progress,
         health_bad_since=health_bad_since,
         last_probe=obs.probe or memory.last_probe,
+        # Frozen once it gave up: what a later run is told apart by (no clocks compared).
+        lock_taken_seen=memory.lock_taken_seen if memory.state is State.GAVE_UP else obs.lock_taken,
     )
 
 
@@ -849,7 +853,7 @@ def _decide_paused(obs: Observation, settings: Settings) -> Decision:
 
 
 def _decide_gave_up(obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
-    if obs.lock_taken is not None and obs.lock_taken > memory.since:
+    if obs.lock_taken != memory.lock_taken_seen:
         # The operator it waited for: a deployment run, which put the ranks right. However short the
         # run was (between two ticks), the lock's guard says it came. It looks as after a start,
         # with no failed attempt counted.
@@ -1185,9 +1189,10 @@ class Supervisor:
 
     def observe(self, now: float) -> Observation:
         s = self.settings
+        # The guard first: a run that takes the lock between the two reads is then seen holding it.
+        taken = read_lock_mtime(s.lock_guard_path)
         mtime = read_lock_mtime(s.lock_path)
         lock = lock_status(mtime, now, s.pause_max)
-        taken = read_lock_mtime(s.lock_guard_path)
         ranks = self.collect_ranks()
         health, health_detail = self.get_health()
         metrics = self.get_metrics()

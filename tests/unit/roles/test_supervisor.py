@@ -852,15 +852,25 @@ PROBE_OK = sup.ProbeResult(NOW, sup.Probe.OK, "answered")
         ),
         pytest.param(
             obs(rank("spark-a"), EXITED, lock_taken=T0 - 1),
-            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            mem(
+                sup.State.GAVE_UP,
+                reason="gave up after 5 failed attempts in a row; last: x",
+                attempts=5,
+                lock_taken_seen=T0 - 1,
+            ),
             "none",
             "gave_up",
             "gave up after 5",
-            id="gave-up-ignores-a-run-before-it-gave-up",
+            id="gave-up-ignores-the-run-it-saw-before-giving-up",
         ),
         pytest.param(
             obs(lock_taken=T0 + 60),
-            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            mem(
+                sup.State.GAVE_UP,
+                reason="gave up after 5 failed attempts in a row; last: x",
+                attempts=5,
+                lock_taken_seen=T0 - 1,
+            ),
             "adopt",
             "healthy",
             "a deployment run took the lock since it gave up: adopted the running group (rank 0",
@@ -868,7 +878,12 @@ PROBE_OK = sup.ProbeResult(NOW, sup.Probe.OK, "answered")
         ),
         pytest.param(
             obs(rank("spark-a"), EXITED, lock_taken=T0 + 60),
-            mem(sup.State.GAVE_UP, reason="gave up after 5 failed attempts in a row; last: x", attempts=5),
+            mem(
+                sup.State.GAVE_UP,
+                reason="gave up after 5 failed attempts in a row; last: x",
+                attempts=5,
+                lock_taken_seen=None,
+            ),
             "restart",
             "starting",
             "a deployment run took the lock since it gave up: lost rank 1 on spark-b",
