@@ -1,0 +1,49 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""An ed25519 SSH key pair made once with ssh-keygen and kept: what to do, and how to call it.
+
+Internal to sparkserve.dsv41; not a public API. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# One line as ssh-keygen writes it: the type, the base64 key and an optional comment.
+PUBLIC_KEY_LINE = re.compile(r"ssh-ed25519 [A-Za-z0-9+/]+={0,3}(?: [^\r\n]*)?")
+
+
+@dataclass(frozen=True)
+class KeyPairPlan:
+    """``keep`` both files, ``derive`` the public key from the private one, or ``generate`` both."""
+
+    action: str
+    public_key: str | None = None
+
+
+def public_key_line(text: str | None) -> str | None:
+    """The public key in ``text`` (one line, surrounding whitespace stripped), or ``None``."""
+    line = (text or "").strip()
+    return line if PUBLIC_KEY_LINE.fullmatch(line) else None
+
+
+def plan_keypair(private_exists: bool, public_text: str | None) -> KeyPairPlan:
+    """What a run does: an existing private key is never replaced, only its public half restored."""
+    if not private_exists:
+        return KeyPairPlan("generate")
+    public_key = public_key_line(public_text)
+    if public_key is None:
+        return KeyPairPlan("derive")
+    return KeyPairPlan("keep", public_key)
+
+
+def generate_argv(ssh_keygen: str, path: str, comment: str) -> list[str]:
+    """ssh-keygen quietly making an ed25519 pair at ``path`` without a passphrase."""
+    return [ssh_keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path]
+
+
+def derive_argv(ssh_keygen: str, path: str) -> list[str]:
+    """ssh-keygen printing the public key of the private key at ``path``."""
+    return [ssh_keygen, "-y", "-f", path]

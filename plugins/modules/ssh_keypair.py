@@ -1,0 +1,154 @@
+#!/usr/bin/python
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""Ansible module: an ed25519 SSH key pair made once and kept; returns its public key."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: ssh_keypair
+short_description: Make an ed25519 SSH key pair once, keep it, and return its public key
+version_added: 0.1.0
+author: sparkserve maintainers (@sparkserve)
+description:
+  - Runs C(ssh-keygen) to make an ed25519 key pair without a passphrase at O(path) (private key,
+    mode C(0600)) and C(<path>.pub) (public key) when O(path) does not exist, and returns the public
+    key in the same task, so nothing has to read it back.
+  - Never replaces an existing private key. When the public key file is missing or is not one
+    ed25519 public key line, it is written again from the private key (C(ssh-keygen -y)).
+  - Owner and mode are the ones C(ssh-keygen) gives a new file as the user running the module
+    (C(become) makes the pair root's).
+options:
+  path:
+    description:
+      - The private key file. Its directory must exist (the roles create it with mode C(0700)).
+    type: path
+    required: true
+  comment:
+    description:
+      - The comment of a new key pair, as in C(authorized_keys), naming what the key is for.
+      - An existing pair keeps its comment.
+    type: str
+    default: ''
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+requirements:
+  - C(ssh-keygen) (OpenSSH) on the node.
+notes:
+  - In check mode a pair that would be made has no public key yet; RV(public_key) is then V(null).
+"""
+
+EXAMPLES = r"""
+- name: Create the supervisor's SSH key
+  sparkserve.dsv41.ssh_keypair:
+    path: /etc/sparkserve/supervisor_ed25519
+    comment: sparkserve.dsv41 supervisor on head
+  become: true
+  register: supervisor_key
+
+- name: Let that key in on a worker
+  ansible.posix.authorized_key:
+    user: spark
+    key: "{{ supervisor_key.public_key }}"
+  delegate_to: worker1
+  when: supervisor_key.public_key is not none
+"""
+
+RETURN = r"""
+path:
+  description: The private key file.
+  returned: always
+  type: str
+  sample: /etc/sparkserve/supervisor_ed25519
+public_key:
+  description:
+    - The public key, one C(authorized_keys) line without the options.
+    - V(null) in check mode when the pair would be made.
+  returned: always
+  type: str
+  sample: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOr2vJq8d3kYwP0b7Hn5pF2mT6yXcQeR1sLgUaZi4oVt supervisor on head
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import (
+    missing_parent_dir,
+    read_text,
+    write_atomically,
+)
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._ssh_keypair import (
+    derive_argv,
+    generate_argv,
+    plan_keypair,
+    public_key_line,
+)
+
+
+def run_ssh_keygen(module: AnsibleModule, argv: list[str], path: str) -> str:
+    """ssh-keygen's output; fails the module with its error when it does not succeed."""
+    rc, out, err = module.run_command(argv)
+    if rc != 0:
+        module.fail_json(msg=f"ssh-keygen failed for {path}: {(err or out).strip()}", path=path, rc=rc)
+    return out
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "comment": {"type": "str", "default": ""},
+        },
+        supports_check_mode=True,
+    )
+    path: str = module.params["path"]
+    public_path = path + ".pub"
+
+    # Validate everything before touching anything.
+    if os.path.isdir(path):
+        module.fail_json(msg=f"path {path} is a directory; give the path of the private key file", path=path)
+    parent = missing_parent_dir(path)
+    if parent:
+        module.fail_json(
+            msg=f"the directory of path does not exist: {parent}; create it first (mode 0700)", path=path
+        )
+    try:
+        plan = plan_keypair(os.path.exists(path), read_text(public_path, lenient=True))
+    except OSError as err:
+        module.fail_json(msg=f"cannot read {err.filename}: {err.strerror}", path=path)
+    if plan.action == "keep":
+        module.exit_json(changed=False, path=path, public_key=plan.public_key)
+
+    ssh_keygen = module.get_bin_path("ssh-keygen", required=True)
+    if plan.action == "derive":
+        # Reading the private key changes nothing, so check mode knows the public key too.
+        derived = public_key_line(run_ssh_keygen(module, derive_argv(ssh_keygen, path), path))
+        if derived is None:
+            module.fail_json(
+                msg=f"{path} is not an ed25519 private key; move it away or set another path", path=path
+            )
+        public_key = f"{derived} {module.params['comment']}".strip() if derived.count(" ") == 1 else derived
+        if not module.check_mode:
+            write_atomically(module, public_path, (public_key + "\n").encode(), 0o644)
+        module.exit_json(changed=True, path=path, public_key=public_key)
+
+    if module.check_mode:
+        module.exit_json(changed=True, path=path, public_key=None)
+    run_ssh_keygen(module, generate_argv(ssh_keygen, path, module.params["comment"]), path)
+    public_key = public_key_line(read_text(public_path, lenient=True))
+    if public_key is None:
+        module.fail_json(msg=f"ssh-keygen wrote no ed25519 public key to {public_path}", path=path)
+    module.exit_json(changed=True, path=path, public_key=public_key)
+
+
+if __name__ == "__main__":
+    main()

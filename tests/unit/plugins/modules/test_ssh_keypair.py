@@ -1,0 +1,117 @@
+"""sparkserve.dsv41.ssh_keypair run in-process with the real ssh-keygen: make, keep, restore, refuse."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._ssh_keypair import (
+    KeyPairPlan,
+    derive_argv,
+    generate_argv,
+    plan_keypair,
+    public_key_line,
+)
+from ansible_collections.sparkserve.dsv41.plugins.modules import ssh_keypair
+from dir_snapshot import snapshot
+
+# What ssh-keygen 9 wrote for a key made as the supervisor's is made.
+PUBLIC = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOr2vJq8d3kYwP0b7Hn5pF2mT6yXcQeR1sLgUaZi4oVt"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (PUBLIC + " sparkserve.dsv41 supervisor on head\n", PUBLIC + " sparkserve.dsv41 supervisor on head"),
+        ("  " + PUBLIC + "\n", PUBLIC),
+        (None, None),
+        ("", None),
+        ("ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ comment", None),
+        (PUBLIC + "\n" + PUBLIC, None),
+        ("-----BEGIN OPENSSH PRIVATE KEY-----", None),
+    ],
+)
+def test_public_key_line_takes_one_ed25519_line_only(text, expected):
+    assert public_key_line(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("private_exists", "public_text", "expected"),
+    [
+        (False, None, KeyPairPlan("generate")),
+        # A public key without its private key is no pair: both are made.
+        (False, PUBLIC, KeyPairPlan("generate")),
+        (True, PUBLIC + " c\n", KeyPairPlan("keep", PUBLIC + " c")),
+        (True, None, KeyPairPlan("derive")),
+        (True, "garbage", KeyPairPlan("derive")),
+    ],
+)
+def test_plan_never_replaces_a_private_key(private_exists, public_text, expected):
+    assert plan_keypair(private_exists, public_text) == expected
+
+
+def test_argv_are_argument_lists_with_no_passphrase():
+    assert generate_argv("/usr/bin/ssh-keygen", "/k", "a b") == [
+        "/usr/bin/ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "a b", "-f", "/k",
+    ]  # fmt: skip
+    assert derive_argv("/usr/bin/ssh-keygen", "/k") == ["/usr/bin/ssh-keygen", "-y", "-f", "/k"]
+
+
+def test_makes_the_pair_once_then_keeps_it(run_module, tmp_path):
+    key = tmp_path / "id_ed25519"
+    first = run_module(ssh_keypair, {"path": str(key), "comment": "sparkserve.dsv41 test"})
+    assert first["changed"] is True
+    assert first["public_key"] == (tmp_path / "id_ed25519.pub").read_text().strip()
+    assert first["public_key"].startswith("ssh-ed25519 ") and first["public_key"].endswith(
+        " sparkserve.dsv41 test"
+    )
+    assert key.stat().st_mode & 0o777 == 0o600
+    before = snapshot(tmp_path)
+    second = run_module(ssh_keypair, {"path": str(key), "comment": "another comment"})
+    assert (second["changed"], second["public_key"]) == (False, first["public_key"])
+    assert snapshot(tmp_path) == before
+
+
+def test_check_mode_makes_nothing_and_has_no_public_key_yet(run_module, tmp_path):
+    result = run_module(ssh_keypair, {"path": str(tmp_path / "id_ed25519")}, check_mode=True)
+    assert (result["changed"], result["public_key"]) == (True, None)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_lost_or_damaged_public_key_is_restored_from_the_private_one(run_module, tmp_path, check_mode):
+    key = tmp_path / "id_ed25519"
+    made = run_module(ssh_keypair, {"path": str(key), "comment": "kept"})
+    (tmp_path / "id_ed25519.pub").write_text("not a key\n")
+    private_before = key.read_bytes()
+    restored = run_module(ssh_keypair, {"path": str(key), "comment": "kept"}, check_mode=check_mode)
+    assert (restored["changed"], restored["public_key"]) == (True, made["public_key"])
+    assert key.read_bytes() == private_before
+    on_disk = (tmp_path / "id_ed25519.pub").read_text()
+    assert on_disk == ("not a key\n" if check_mode else made["public_key"] + "\n")
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda tmp: (tmp / "id_ed25519").mkdir(), "is a directory"),
+        (lambda tmp: None, "the directory of path does not exist"),
+        (lambda tmp: (tmp / "id_ed25519").write_text("not a private key\n"), "ssh-keygen failed"),
+    ],
+)
+def test_bad_paths_fail_and_change_nothing(run_module, tmp_path, setup, message):
+    setup(tmp_path)
+    path = tmp_path / ("missing-dir/id_ed25519" if "does not exist" in message else "id_ed25519")
+    before = snapshot(tmp_path)
+    result = run_module(ssh_keypair, {"path": str(path)})
+    assert result.failed and message in result["msg"], result
+    assert snapshot(tmp_path) == before
+
+
+def test_the_key_made_is_one_ssh_accepts(run_module, tmp_path):
+    key = tmp_path / "id_ed25519"
+    made = run_module(ssh_keypair, {"path": str(key), "comment": "c"})
+    fingerprint = subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(key)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "(ED25519)" in fingerprint and made["public_key"].endswith(" c")
