@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from local_pair import INVENTORY
 
 REPO = Path(__file__).resolve().parents[3]
 HOST = socket.gethostname()
@@ -33,16 +34,6 @@ SINCE = "since 2026-12-03 04:10:00 UTC"
 FORCE = "re-run with -e deployment_lock_force=true"
 ADVICE = f"Wait for it to finish; if it is gone (run from another controller), {FORCE}."
 TOOK_OVER = "[WARNING]: Took over the deployment lock on spark-head from ansible-playbook site.yml by alice"
-
-INVENTORY = {
-    "all": {
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
-        "children": {
-            "head": {"hosts": {"spark-head": {}}},
-            "workers": {"hosts": {"spark-worker": {}}},
-        },
-    }
-}
 
 MIDDLE = {
     "name": "Look at the lock while the run holds it",
@@ -80,7 +71,7 @@ MIDDLE = {
 
 def outcome_play(play: dict) -> bool:
     """Whether ``play`` is the one that fails a run whose switch failed (only on the gate's group)."""
-    tasks_from = [t["ansible.builtin.include_role"]["tasks_from"] for t in play["tasks"]]
+    tasks_from = [t.get("ansible.builtin.include_role", {}).get("tasks_from") for t in play["tasks"]]
     hosts = "{{ groups.release_switch_failed | default([]) }}"
     return tasks_from == ["outcome"] and play["hosts"] == hosts
 
@@ -93,7 +84,10 @@ def lock_plays() -> tuple[dict, dict]:
     first, last = plays[0], plays[-2]
     for play, state in ((first, "acquired"), (last, "released")):
         (task,) = play["tasks"]
-        assert task["ansible.builtin.include_role"]["tasks_from"] == "lock"
+        assert task["ansible.builtin.import_role"] == {
+            "name": "sparkserve.dsv41.deployment",
+            "tasks_from": "lock",
+        }
         assert task["vars"] == {"deployment_lock_state": state}
         assert task["tags"] == ["always"]
     return first, last
@@ -400,11 +394,15 @@ def test_restart_gets_the_lock_from_site_even_for_the_ranks_alone():
     )
     assert listed.returncode == 0, listed.stderr
     tasks = re.findall(r"^ {6}(\S.*?)\tTAGS", listed.stdout, flags=re.MULTILINE)
-    assert tasks[0] == "Take the deployment lock on the head"
-    assert tasks[-2:] == [
-        "Give the deployment lock back on the head",
-        "Fail the run naming a switch that failed",
+    # The lock's entry point is imported: its tasks are listed, first and last but one.
+    lock = [
+        "sparkserve.dsv41.deployment : Validating arguments against arg spec 'lock' - Take or give back the"
+        " deployment lock on the head (site.yml, teardown.yml, restart.yml)",
+        "sparkserve.dsv41.deployment : Check the shared settings a run needs",
+        "sparkserve.dsv41.deployment : Take or give back the deployment lock",
     ]
+    assert tasks[:3] == lock
+    assert tasks[-4:] == [*lock, "Fail the run naming a switch that failed"]
 
 
 def test_a_run_whose_lock_was_taken_over_leaves_the_new_holders_lock(cases):

@@ -14,19 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from local_pair import INVENTORY
 
 REPO = Path(__file__).resolve().parents[3]
 HOME = os.path.expanduser("~")
-
-INVENTORY = {
-    "all": {
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
-        "children": {
-            "head": {"hosts": {"spark-head": {}}},
-            "workers": {"hosts": {"spark-worker": {}}},
-        },
-    }
-}
 
 PLAYBOOK = [
     {
