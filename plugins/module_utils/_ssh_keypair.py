@@ -45,5 +45,13 @@ def generate_argv(ssh_keygen: str, path: str, comment: str) -> list[str]:
 
 
 def derive_argv(ssh_keygen: str, path: str) -> list[str]:
-    """ssh-keygen printing the public key of the private key at ``path``."""
-    return [ssh_keygen, "-y", "-f", path]
+    """ssh-keygen printing the public key of the private key at ``path``; an empty passphrase, so a
+    protected key fails at once instead of prompting."""
+    return [ssh_keygen, "-y", "-P", "", "-f", path]
+
+
+def comment_problem(comment: str) -> str | None:
+    """Why ``comment`` cannot end a public key line, or ``None``."""
+    if "\n" in comment or "\r" in comment:
+        return "it contains a line break, which would split the authorized_keys line"
+    return None

@@ -17,7 +17,8 @@ description:
     mode C(0600)) and C(<path>.pub) (public key) when O(path) does not exist, and returns the public
     key in the same task, so nothing has to read it back.
   - Never replaces an existing private key. When the public key file is missing or is not one
-    ed25519 public key line, it is written again from the private key (C(ssh-keygen -y)).
+    ed25519 public key line, it is written again from the private key (C(ssh-keygen -y), with an
+    empty passphrase: a protected key fails instead of prompting).
   - Owner and mode are the ones C(ssh-keygen) gives a new file as the user running the module
     (C(become) makes the pair root's).
 options:
@@ -28,8 +29,9 @@ options:
     required: true
   comment:
     description:
-      - The comment of a new key pair, as in C(authorized_keys), naming what the key is for.
-      - An existing pair keeps its comment.
+      - The comment of a new key pair, as in C(authorized_keys), naming what the key is for; one line.
+      - An existing pair keeps its comment. A public key restored from a private key that holds no
+        comment gets this one.
     type: str
     default: ''
 extends_documentation_fragment:
@@ -45,6 +47,7 @@ requirements:
   - C(ssh-keygen) (OpenSSH) on the node.
 notes:
   - In check mode a pair that would be made has no public key yet; RV(public_key) is then V(null).
+    That includes a pair whose directory does not exist yet (an earlier task would create it).
 """
 
 EXAMPLES = r"""
@@ -87,6 +90,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     write_atomically,
 )
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._ssh_keypair import (
+    comment_problem,
     derive_argv,
     generate_argv,
     plan_keypair,
@@ -111,40 +115,45 @@ def main() -> None:
         supports_check_mode=True,
     )
     path: str = module.params["path"]
+    comment: str = module.params["comment"]
     public_path = path + ".pub"
 
     # Validate everything before touching anything.
+    problem = comment_problem(comment)
+    if problem:
+        module.fail_json(msg=f"comment cannot be used: {problem}", path=path)
     if os.path.isdir(path):
         module.fail_json(msg=f"path {path} is a directory; give the path of the private key file", path=path)
     parent = missing_parent_dir(path)
     if parent:
+        if module.check_mode:
+            # A directory an earlier task would create: the pair would be made in it.
+            module.exit_json(changed=True, path=path, public_key=None)
         module.fail_json(
             msg=f"the directory of path does not exist: {parent}; create it first (mode 0700)", path=path
         )
     try:
         plan = plan_keypair(os.path.exists(path), read_text(public_path, lenient=True))
+        if plan.action == "keep":
+            module.exit_json(changed=False, path=path, public_key=plan.public_key)
+        ssh_keygen = module.get_bin_path("ssh-keygen", required=True)
+        if plan.action == "derive":
+            # Reading the private key changes nothing, so check mode knows the public key too.
+            derived = public_key_line(run_ssh_keygen(module, derive_argv(ssh_keygen, path), path))
+            if derived is None:
+                module.fail_json(
+                    msg=f"{path} is not an ed25519 private key; move it away or set another path", path=path
+                )
+            public_key = f"{derived} {comment}".strip() if derived.count(" ") == 1 else derived
+            if not module.check_mode:
+                write_atomically(module, public_path, (public_key + "\n").encode(), 0o644)
+            module.exit_json(changed=True, path=path, public_key=public_key)
+        if module.check_mode:
+            module.exit_json(changed=True, path=path, public_key=None)
+        run_ssh_keygen(module, generate_argv(ssh_keygen, path, comment), path)
+        public_key = public_key_line(read_text(public_path, lenient=True))
     except OSError as err:
-        module.fail_json(msg=f"cannot read {err.filename}: {err.strerror}", path=path)
-    if plan.action == "keep":
-        module.exit_json(changed=False, path=path, public_key=plan.public_key)
-
-    ssh_keygen = module.get_bin_path("ssh-keygen", required=True)
-    if plan.action == "derive":
-        # Reading the private key changes nothing, so check mode knows the public key too.
-        derived = public_key_line(run_ssh_keygen(module, derive_argv(ssh_keygen, path), path))
-        if derived is None:
-            module.fail_json(
-                msg=f"{path} is not an ed25519 private key; move it away or set another path", path=path
-            )
-        public_key = f"{derived} {module.params['comment']}".strip() if derived.count(" ") == 1 else derived
-        if not module.check_mode:
-            write_atomically(module, public_path, (public_key + "\n").encode(), 0o644)
-        module.exit_json(changed=True, path=path, public_key=public_key)
-
-    if module.check_mode:
-        module.exit_json(changed=True, path=path, public_key=None)
-    run_ssh_keygen(module, generate_argv(ssh_keygen, path, module.params["comment"]), path)
-    public_key = public_key_line(read_text(public_path, lenient=True))
+        module.fail_json(msg=f"cannot read or write {err.filename or path}: {err.strerror or err}", path=path)
     if public_key is None:
         module.fail_json(msg=f"ssh-keygen wrote no ed25519 public key to {public_path}", path=path)
     module.exit_json(changed=True, path=path, public_key=public_key)

@@ -54,7 +54,7 @@ def test_argv_are_argument_lists_with_no_passphrase():
     assert generate_argv("/usr/bin/ssh-keygen", "/k", "a b") == [
         "/usr/bin/ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "a b", "-f", "/k",
     ]  # fmt: skip
-    assert derive_argv("/usr/bin/ssh-keygen", "/k") == ["/usr/bin/ssh-keygen", "-y", "-f", "/k"]
+    assert derive_argv("/usr/bin/ssh-keygen", "/k") == ["/usr/bin/ssh-keygen", "-y", "-P", "", "-f", "/k"]
 
 
 def test_makes_the_pair_once_then_keeps_it(run_module, tmp_path):
@@ -72,8 +72,11 @@ def test_makes_the_pair_once_then_keeps_it(run_module, tmp_path):
     assert snapshot(tmp_path) == before
 
 
-def test_check_mode_makes_nothing_and_has_no_public_key_yet(run_module, tmp_path):
-    result = run_module(ssh_keypair, {"path": str(tmp_path / "id_ed25519")}, check_mode=True)
+@pytest.mark.parametrize(
+    "path", ["id_ed25519", "ssh/id_ed25519"], ids=["directory there", "directory to come"]
+)
+def test_check_mode_makes_nothing_and_has_no_public_key_yet(run_module, tmp_path, path):
+    result = run_module(ssh_keypair, {"path": str(tmp_path / path)}, check_mode=True)
     assert (result["changed"], result["public_key"]) == (True, None)
     assert list(tmp_path.iterdir()) == []
 
@@ -97,13 +100,15 @@ def test_a_lost_or_damaged_public_key_is_restored_from_the_private_one(run_modul
         (lambda tmp: (tmp / "id_ed25519").mkdir(), "is a directory"),
         (lambda tmp: None, "the directory of path does not exist"),
         (lambda tmp: (tmp / "id_ed25519").write_text("not a private key\n"), "ssh-keygen failed"),
+        (lambda tmp: None, "comment cannot be used: it contains a line break"),
     ],
 )
-def test_bad_paths_fail_and_change_nothing(run_module, tmp_path, setup, message):
+def test_bad_input_fails_and_changes_nothing(run_module, tmp_path, setup, message):
     setup(tmp_path)
     path = tmp_path / ("missing-dir/id_ed25519" if "does not exist" in message else "id_ed25519")
+    comment = "two\nlines" if "comment" in message else ""
     before = snapshot(tmp_path)
-    result = run_module(ssh_keypair, {"path": str(path)})
+    result = run_module(ssh_keypair, {"path": str(path), "comment": comment})
     assert result.failed and message in result["msg"], result
     assert snapshot(tmp_path) == before
 
@@ -115,3 +120,13 @@ def test_the_key_made_is_one_ssh_accepts(run_module, tmp_path):
         ["ssh-keygen", "-l", "-f", str(key)], capture_output=True, text=True, check=True
     ).stdout
     assert "(ED25519)" in fingerprint and made["public_key"].endswith(" c")
+
+
+def test_a_passphrase_protected_key_fails_instead_of_prompting(run_module, tmp_path):
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(key)], check=True)
+    (tmp_path / "id_ed25519.pub").unlink()
+    before = snapshot(tmp_path)
+    result = run_module(ssh_keypair, {"path": str(key)})
+    assert result.failed and "ssh-keygen failed" in result["msg"], result
+    assert snapshot(tmp_path) == before
