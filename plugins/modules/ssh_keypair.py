@@ -18,7 +18,7 @@ description:
     key in the same task, so nothing has to read it back.
   - Never replaces an existing private key. When the public key file is missing or is not one
     ed25519 public key line, it is written again from the private key (C(ssh-keygen -y), with an
-    empty passphrase: a protected key fails instead of prompting).
+    empty passphrase, so that a protected key fails instead of prompting).
   - Owner and mode are the ones C(ssh-keygen) gives a new file as the user running the module
     (C(become) makes the pair root's).
 options:
