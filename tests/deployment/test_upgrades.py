@@ -112,6 +112,27 @@ def test_check_mode_on_an_upgrade_reports_the_switch_and_changes_nothing(serving
     assert record_of(lab) == record_before
 
 
+def test_a_switch_whose_ranks_run_already_is_waited_for_gated_and_recorded(serving):
+    """A run stopped while it waited for the new ranks recorded nothing: the next run finds them
+    running the image it deploys, starts none, and still waits for them before the smoke checks."""
+    lab = serving
+    good = variant("good", "STANDIN_VARIANT=good")
+    before, record_before = started(lab), record_of(lab)
+    # The record as the stopped run left it: the image before the switch is still current.
+    unrecorded = {**record_before, "current": {**record_before["current"], "image": good}}
+    lab.ssh("head", f"cat > {STATE_DIR}/deployments.json", input_text=json.dumps(unrecorded))
+    run, _ = site()
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert f"switching from {short(good)}" in run.stdout, run.stdout[-3000:]
+    assert started(lab) == before, "the ranks ran the image already: none restarts"
+    for node in ("head", "worker"):
+        assert run.results_of(
+            "Look at the API and at this node's rank until ready, failed or out of time", node
+        )
+    after = record_of(lab)
+    assert after["current"]["image"] == lab_image() and after["previous"]["image"] == good, after
+
+
 def test_an_upgrade_to_a_good_image_switches_records_the_previous_and_reports_its_downtime(serving):
     lab = serving
     good = variant("good", "STANDIN_VARIANT=good")
