@@ -17,7 +17,7 @@ PUBLIC_KEY_LINE = re.compile(r"ssh-ed25519 [A-Za-z0-9+/]+={0,3}(?: [^\r\n]*)?")
 
 @dataclass(frozen=True)
 class KeyPairPlan:
-    """``keep`` both files, ``derive`` the public key from the private one, or ``generate`` both."""
+    """``keep`` both files, ``restore`` the public key file (to ``public_key``), or ``generate`` both."""
 
     action: str
     public_key: str | None = None
@@ -29,14 +29,23 @@ def public_key_line(text: str | None) -> str | None:
     return line if PUBLIC_KEY_LINE.fullmatch(line) else None
 
 
-def plan_keypair(private_exists: bool, public_text: str | None) -> KeyPairPlan:
-    """What a run does: an existing private key is never replaced, only its public half restored."""
-    if not private_exists:
+def key_material(line: str) -> str:
+    """A public key line without its comment: what tells two keys apart."""
+    return " ".join(line.split()[:2])
+
+
+def plan_keypair(derived: str | None, public_text: str | None, comment: str) -> KeyPairPlan:
+    """What a run does, given the public key derived from the private key (``None``: there is no
+    private key) and the public key file's text: a private key is never replaced, only a public key
+    file that is missing, damaged or of another key written again (with ``comment`` when the
+    private key holds none)."""
+    if derived is None:
         return KeyPairPlan("generate")
     public_key = public_key_line(public_text)
-    if public_key is None:
-        return KeyPairPlan("derive")
-    return KeyPairPlan("keep", public_key)
+    if public_key is not None and key_material(public_key) == key_material(derived):
+        return KeyPairPlan("keep", public_key)
+    restored = derived if len(derived.split()) > 2 else f"{derived} {comment}".strip()
+    return KeyPairPlan("restore", restored)
 
 
 def generate_argv(ssh_keygen: str, path: str, comment: str) -> list[str]:

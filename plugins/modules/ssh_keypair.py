@@ -16,9 +16,10 @@ description:
   - Runs C(ssh-keygen) to make an ed25519 key pair without a passphrase at O(path) (private key,
     mode C(0600)) and C(<path>.pub) (public key) when O(path) does not exist, and returns the public
     key in the same task, so nothing has to read it back.
-  - Never replaces an existing private key. When the public key file is missing or is not one
-    ed25519 public key line, it is written again from the private key (C(ssh-keygen -y), with an
-    empty passphrase, so that a protected key fails instead of prompting).
+  - Never replaces an existing private key. Its public key is read from it on every run
+    (C(ssh-keygen -y), with an empty passphrase, so that a protected key fails instead of
+    prompting); a public key file that is missing, not one ed25519 public key line, or of another
+    key is written again from it.
   - Owner and mode are the ones C(ssh-keygen) gives a new file as the user running the module
     (C(become) makes the pair root's).
 options:
@@ -133,21 +134,22 @@ def main() -> None:
             msg=f"the directory of path does not exist: {parent}; create it first (mode 0700)", path=path
         )
     try:
-        plan = plan_keypair(os.path.exists(path), read_text(public_path, lenient=True))
-        if plan.action == "keep":
-            module.exit_json(changed=False, path=path, public_key=plan.public_key)
         ssh_keygen = module.get_bin_path("ssh-keygen", required=True)
-        if plan.action == "derive":
-            # Reading the private key changes nothing, so check mode knows the public key too.
+        derived = None
+        if os.path.exists(path):
+            # The public key the private key really has: reading it changes nothing (check mode too).
             derived = public_key_line(run_ssh_keygen(module, derive_argv(ssh_keygen, path), path))
             if derived is None:
                 module.fail_json(
                     msg=f"{path} is not an ed25519 private key; move it away or set another path", path=path
                 )
-            public_key = f"{derived} {comment}".strip() if derived.count(" ") == 1 else derived
+        plan = plan_keypair(derived, read_text(public_path, lenient=True), comment)
+        if plan.action == "keep":
+            module.exit_json(changed=False, path=path, public_key=plan.public_key)
+        if plan.action == "restore":
             if not module.check_mode:
-                write_atomically(module, public_path, (public_key + "\n").encode(), 0o644)
-            module.exit_json(changed=True, path=path, public_key=public_key)
+                write_atomically(module, public_path, (plan.public_key + "\n").encode(), 0o644)
+            module.exit_json(changed=True, path=path, public_key=plan.public_key)
         if module.check_mode:
             module.exit_json(changed=True, path=path, public_key=None)
         run_ssh_keygen(module, generate_argv(ssh_keygen, path, comment), path)

@@ -35,19 +35,26 @@ def test_public_key_line_takes_one_ed25519_line_only(text, expected):
     assert public_key_line(text) == expected
 
 
+OTHER = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBx0m9wQy7T3kZrVnHc2LpE5aJ8uYd4fGs1NqW6tXo0R"
+
+
 @pytest.mark.parametrize(
-    ("private_exists", "public_text", "expected"),
+    ("derived", "public_text", "expected"),
     [
-        (False, None, KeyPairPlan("generate")),
-        # A public key without its private key is no pair: both are made.
-        (False, PUBLIC, KeyPairPlan("generate")),
-        (True, PUBLIC + " c\n", KeyPairPlan("keep", PUBLIC + " c")),
-        (True, None, KeyPairPlan("derive")),
-        (True, "garbage", KeyPairPlan("derive")),
+        # No private key: both are made, whatever public key file is there.
+        (None, None, KeyPairPlan("generate")),
+        (None, PUBLIC, KeyPairPlan("generate")),
+        # The pair as made: kept, with its own comment.
+        (PUBLIC + " made", PUBLIC + " made\n", KeyPairPlan("keep", PUBLIC + " made")),
+        (PUBLIC, PUBLIC + " renamed\n", KeyPairPlan("keep", PUBLIC + " renamed")),
+        # Missing, damaged or of another key: written again from the private key.
+        (PUBLIC + " made", None, KeyPairPlan("restore", PUBLIC + " made")),
+        (PUBLIC, "garbage", KeyPairPlan("restore", PUBLIC + " the comment")),
+        (PUBLIC + " made", OTHER + " made\n", KeyPairPlan("restore", PUBLIC + " made")),
     ],
 )
-def test_plan_never_replaces_a_private_key(private_exists, public_text, expected):
-    assert plan_keypair(private_exists, public_text) == expected
+def test_plan_never_replaces_a_private_key(derived, public_text, expected):
+    assert plan_keypair(derived, public_text, "the comment") == expected
 
 
 def test_argv_are_argument_lists_with_no_passphrase():
@@ -130,3 +137,14 @@ def test_a_passphrase_protected_key_fails_instead_of_prompting(run_module, tmp_p
     result = run_module(ssh_keypair, {"path": str(key)})
     assert result.failed and "ssh-keygen failed" in result["msg"], result
     assert snapshot(tmp_path) == before
+
+
+def test_a_public_key_of_another_pair_is_replaced_by_the_private_keys_own(run_module, tmp_path):
+    mine, other = tmp_path / "id_ed25519", tmp_path / "other" / "id_ed25519"
+    other.parent.mkdir()
+    made = run_module(ssh_keypair, {"path": str(mine), "comment": "mine"})
+    foreign = run_module(ssh_keypair, {"path": str(other), "comment": "other"})
+    (tmp_path / "id_ed25519.pub").write_text(foreign["public_key"] + "\n")
+    fixed = run_module(ssh_keypair, {"path": str(mine), "comment": "mine"})
+    assert (fixed["changed"], fixed["public_key"]) == (True, made["public_key"])
+    assert (tmp_path / "id_ed25519.pub").read_text() == made["public_key"] + "\n"
