@@ -76,8 +76,37 @@ options:
       group:
         description: Its group; unset keeps the group.
         type: str
+  secret_files:
+    description:
+      - Files whose content is a secret (a token), written after O(files) as they are, but whose
+        content never appears in the module's arguments as logged, its result or its diffs (a diff
+        says only that the secret changes).
+      - An empty content writes an empty file.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The file.
+        type: path
+        required: true
+      content:
+        description: Its whole content.
+        type: str
+        required: true
+      mode:
+        description: Its permissions, octal (quote it in YAML) or symbolic.
+        type: raw
+        default: '0600'
+      owner:
+        description: Its owner; unset keeps the owner (a new file gets the user running the module).
+        type: str
+      group:
+        description: Its group; unset keeps the group.
+        type: str
 notes:
-  - Not for secrets; the files' contents appear in diffs. The API key has M(sparkserve.dsv41.api_key).
+  - The contents of O(files) appear in diffs; give secrets in O(secret_files). The API key, which
+    this collection generates, has M(sparkserve.dsv41.api_key).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -185,9 +214,15 @@ def apply_directory(module: AnsibleModule, entry: dict, plan: DirectoryPlan) -> 
     return [diff] if changed else []
 
 
-def apply_file(module: AnsibleModule, entry: dict, plan: TextFilePlan) -> list[dict]:
+# What a diff of a secret file shows in place of its content.
+REDACTED_BEFORE = "(a secret)\n"
+REDACTED_AFTER = "(another secret)\n"
+
+
+def apply_file(module: AnsibleModule, entry: dict, plan: TextFilePlan, secret: bool = False) -> list[dict]:
     """Write the file when its content differs and set its attributes; the diff entries of what changed."""
-    diffs = [plan.diff()] if plan.changed else []
+    redacted = {"before": REDACTED_BEFORE if plan.before is not None else "", "after": REDACTED_AFTER}
+    diffs = [plan.diff(**(redacted if secret else {}))] if plan.changed else []
     if plan.before is None and module.check_mode:
         return diffs
     if plan.changed and not module.check_mode:
@@ -209,6 +244,18 @@ def main() -> None:
                 "default": [],
                 "options": {**ENTRY_OPTIONS, "content": {"type": "str", "required": True}},
             },
+            "secret_files": {
+                # The contents are secret (no_log below), not the list's paths and modes.
+                "no_log": False,
+                "type": "list",
+                "elements": "dict",
+                "default": [],
+                "options": {
+                    **ENTRY_OPTIONS,
+                    "mode": {"type": "raw", "default": "0600"},
+                    "content": {"type": "str", "required": True, "no_log": True},
+                },
+            },
         },
         supports_check_mode=True,
     )
@@ -225,12 +272,15 @@ def main() -> None:
             )
         if not same:
             directories.append(entry)
-    files = module.params["files"]
+    # Each file with whether its content is a secret.
+    files = [(entry, False) for entry in module.params["files"]] + [
+        (entry, True) for entry in module.params["secret_files"]
+    ]
 
     # Plan everything before changing anything.
     try:
         directory_plans = [plan_directory(entry["path"]) for entry in directories]
-        file_plans = [plan_text_file(entry["path"], entry["content"]) for entry in files]
+        file_plans = [plan_text_file(entry["path"], entry["content"]) for entry, _secret in files]
     except FileContentError as err:
         module.fail_json(msg=str(err))
     except OSError as err:
@@ -255,8 +305,8 @@ def main() -> None:
     try:
         for entry, plan in zip(directories, directory_plans, strict=True):
             record(plan.path, apply_directory(module, entry, plan))
-        for entry, plan in zip(files, file_plans, strict=True):
-            record(plan.path, apply_file(module, entry, plan))
+        for (entry, secret), plan in zip(files, file_plans, strict=True):
+            record(plan.path, apply_file(module, entry, plan, secret))
     except OSError as err:
         module.fail_json(msg=f"cannot write {err.filename}: {err.strerror}", changed_paths=changed_paths)
 

@@ -261,6 +261,11 @@ def test_logs_name_the_variable_when_the_rank_does_not_exist():
             '{"preflight_required_commands": ["rsync", "dsv41-no-such-tool"]}',
             "command not found: dsv41-no-such-tool",
         ),
+        # The lab's engine has runc only; a Spark's has the NVIDIA Container Toolkit's runtime.
+        (
+            "preflight_gpu_runtime=nvidia",
+            "the Docker engine has no nvidia runtime (it has io.containerd.runc.v2",
+        ),
     ],
 )
 def test_bad_variables_fail_in_preflight_naming_the_variable(override, named):

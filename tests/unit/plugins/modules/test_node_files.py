@@ -160,3 +160,47 @@ def test_owner_and_group_are_set_when_they_differ(run_module, tmp_path):
     assert first["changed"] is (owner != os.geteuid())
     assert ((tmp_path / "unit").stat().st_uid, (tmp_path / "unit").stat().st_gid) == (owner, owner)
     assert run_module(node_files, args)["changed"] is False
+
+
+TOKEN = "hf_dsv41SecretTokenValue"
+
+
+def secret_args(root: Path, content: str = TOKEN) -> dict:
+    return {
+        "directories": [{"path": str(root / "state"), "mode": "0700"}],
+        "secret_files": [{"path": str(root / "state" / "hf-token"), "content": content}],
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (None, TOKEN, True),  # first run
+        (TOKEN, TOKEN, False),  # re-run
+        ("hf_anOlderToken", TOKEN, True),  # rotated
+        (TOKEN, "", True),  # unset: an empty file, which the hub client reads as no token
+    ],
+    ids=["first-run", "re-run", "rotated", "unset"],
+)
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_secret_file_is_written_0600_and_its_content_never_shown(run_module, tmp_path, case, check_mode):
+    before, content, changed = case
+    token_file = tmp_path / "state" / "hf-token"
+    if before is not None:
+        run_module(node_files, secret_args(tmp_path, before))
+    snapshot_before = snapshot(tmp_path)
+    result = run_module(node_files, secret_args(tmp_path, content), check_mode=check_mode, diff=True)
+    assert not result.failed, result
+    assert result["changed"] is changed
+    shown = repr(result)
+    assert TOKEN not in shown and "hf_anOlderToken" not in shown
+    if changed:
+        shown_after = [entry["after"] for entry in result["diff"]]
+        assert shown_after.count(node_files.REDACTED_AFTER) == 1, result["diff"]
+    if check_mode:
+        assert snapshot(tmp_path) == snapshot_before
+    else:
+        assert token_file.read_text() == content
+        assert mode_of(token_file) == 0o600
+    again = run_module(node_files, secret_args(tmp_path, content), check_mode=check_mode)
+    assert again["changed"] is (changed and check_mode)

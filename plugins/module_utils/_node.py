@@ -1,0 +1,66 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""What a node offers the deployment, as pure functions behind ``node_facts``.
+
+The user running the module (the facts ``setup`` gathers for its ``user`` subset, under the same
+names), the commands missing from its PATH, the Python modules its interpreter cannot import, and
+what the Docker engine answers. Nothing here runs a command: the module passes the output in.
+
+Internal to sparkserve.dsv41; not a public API.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+# One docker call for the engine's version and its container runtimes, split at the bar.
+DOCKER_INFO_FORMAT = "{{.ServerVersion}}|{{json .Runtimes}}"
+
+
+def user_facts(pw_name: str, pw_uid: int, pw_gid: int, pw_dir: str) -> dict[str, Any]:
+    """The ``setup`` user facts the roles read (a passwd entry's fields, as setup names them)."""
+    return {"user_id": pw_name, "user_uid": pw_uid, "user_gid": pw_gid, "user_dir": pw_dir}
+
+
+def missing_commands(names: list[str], which: Callable[[str], str | None]) -> list[str]:
+    """The names ``which`` does not find, in the order given, each once."""
+    return [name for name in dict.fromkeys(names) if not which(name)]
+
+
+def missing_python_modules(names: list[str], find_spec: Callable[[str], Any]) -> list[str]:
+    """The modules ``find_spec`` does not find (a missing parent package counts as missing)."""
+    missing = []
+    for name in dict.fromkeys(names):
+        try:
+            found = find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def parse_docker_info(rc: int, stdout: str, stderr: str) -> dict[str, Any]:
+    """``docker info --format DOCKER_INFO_FORMAT``'s answer: version, runtime names and error.
+
+    ``error`` is empty when the engine answered. Some docker CLIs exit 0 and print ``|null`` when
+    the engine does not answer: no version counts as no answer.
+    """
+    version, _bar, runtimes_json = stdout.strip().partition("|")
+    version = version.strip()
+    try:
+        runtimes = json.loads(runtimes_json) if runtimes_json.strip() else None
+    except ValueError:
+        runtimes = None
+    error = ""
+    if rc != 0 or not version:
+        error = stderr.strip() or stdout.strip() or f"docker info exited with {rc} and printed nothing"
+        version = ""
+    return {
+        "version": version,
+        "runtimes": sorted(runtimes) if isinstance(runtimes, dict) else [],
+        "error": error,
+    }

@@ -1,0 +1,108 @@
+"""Tests of the node_facts module, run in-process through ``run_module``."""
+
+from __future__ import annotations
+
+import os
+import pwd
+
+import pytest
+import yaml
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkserve.dsv41.plugins.modules import node_facts
+from dir_snapshot import snapshot
+
+DOCKER_BIN = "/usr/bin/docker"
+LAB_INFO = '20.10.24+dfsg1|{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"}}\n'
+TEMPLATE_ERROR = (
+    'template: :1:2: executing "" at <.ServerVersion>: reflect: indirection through nil pointer\n'
+)
+# `docker version --format '{{.Server.Version}}'` as a user outside the docker group (lab node).
+PERMISSION_DENIED = (
+    "permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+    'Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/version": dial unix /var/run/docker.sock: connect: '
+    "permission denied\n"
+)
+
+
+@pytest.fixture
+def docker_cli(monkeypatch):
+    """A docker CLI that answers as given; records the commands it ran."""
+    state = {"answers": {}, "ran": [], "installed": True}
+
+    def run_command(self, args, **kwargs):
+        state["ran"].append(args)
+        return state["answers"][args[1]]
+
+    def get_bin_path(self, name, *args, **kwargs):
+        return DOCKER_BIN if name == "docker" and state["installed"] else None
+
+    monkeypatch.setattr(AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(AnsibleModule, "get_bin_path", get_bin_path)
+    return state
+
+
+def test_the_user_is_returned_as_facts_and_nothing_else_is_asked(run_module, docker_cli, tmp_path):
+    before = snapshot(tmp_path)
+    result = run_module(node_facts, {}, check_mode=True)
+    assert not result.failed, result
+    entry = pwd.getpwuid(os.geteuid())
+    assert result["ansible_facts"] == {
+        "user_id": entry.pw_name,
+        "user_uid": entry.pw_uid,
+        "user_gid": entry.pw_gid,
+        "user_dir": entry.pw_dir,
+    }
+    assert (result["changed"], result["missing_commands"], result["missing_python_modules"]) == (
+        False,
+        [],
+        [],
+    )
+    assert "docker" not in result
+    assert docker_cli["ran"] == []
+    assert snapshot(tmp_path) == before
+    assert set(yaml.safe_load(node_facts.RETURN)) - {"docker"} == set(result) - {"changed", "invocation"}
+
+
+def test_missing_commands_and_python_modules_are_named(run_module, docker_cli):
+    result = run_module(
+        node_facts,
+        {"commands": ["sh", "dsv41-no-such-tool"], "python_modules": ["json", "dsv41_no_such_module"]},
+    )
+    assert result["missing_commands"] == ["dsv41-no-such-tool"]
+    assert result["missing_python_modules"] == ["dsv41_no_such_module"]
+
+
+def test_an_engine_that_answers_gives_its_version_and_runtimes_in_one_call(run_module, docker_cli):
+    docker_cli["answers"]["info"] = (0, LAB_INFO, "")
+    result = run_module(node_facts, {"docker": True})
+    assert result["docker"] == {
+        "version": "20.10.24+dfsg1",
+        "runtimes": ["io.containerd.runc.v2", "runc"],
+        "error": "",
+    }
+    assert docker_cli["ran"] == [[DOCKER_BIN, "info", "--format", "{{.ServerVersion}}|{{json .Runtimes}}"]]
+
+
+@pytest.mark.parametrize(
+    ("version_answer", "error"),
+    [
+        pytest.param((1, "", PERMISSION_DENIED), PERMISSION_DENIED.strip(), id="version-says-why"),
+        pytest.param((1, "", ""), TEMPLATE_ERROR.strip(), id="version-silent"),
+    ],
+)
+def test_an_engine_out_of_reach_is_reported_with_the_reason_not_failed(
+    run_module, docker_cli, version_answer, error
+):
+    docker_cli["answers"]["info"] = (1, "\n", TEMPLATE_ERROR)
+    docker_cli["answers"]["version"] = version_answer
+    result = run_module(node_facts, {"docker": True})
+    assert not result.failed, result
+    assert result["docker"] == {"version": "", "runtimes": [], "error": error}
+
+
+def test_a_node_without_the_docker_cli_is_reported_not_failed(run_module, docker_cli):
+    docker_cli["installed"] = False
+    result = run_module(node_facts, {"docker": True})
+    assert not result.failed, result
+    assert result["docker"] == {"version": "", "runtimes": [], "error": "docker: command not found"}
+    assert docker_cli["ran"] == []
