@@ -64,3 +64,25 @@ def parse_docker_info(rc: int, stdout: str, stderr: str) -> dict[str, Any]:
         "runtimes": sorted(runtimes) if isinstance(runtimes, dict) else [],
         "error": error,
     }
+
+
+# What node_files reports of a systemd unit, under the names systemctl show gives them.
+UNIT_PROPERTIES = {"LoadState": "load_state", "ActiveState": "active_state", "UnitFileState": "unit_file_state"}
+
+
+def parse_unit_states(names: list[str], stdout: str) -> dict[str, dict[str, str]]:
+    """``systemctl show --property=<UNIT_PROPERTIES> NAME...``'s answer, by the names asked.
+
+    systemctl prints one block of ``Property=value`` lines per unit, in the order asked, blocks
+    apart by a blank line; a unit it does not know is ``LoadState=not-found`` with an empty
+    ``UnitFileState``. A property missing from a block is "". ValueError when the number of blocks
+    is not the number of units asked.
+    """
+    blocks = [block for block in stdout.strip().split("\n\n") if block.strip()]
+    if len(blocks) != len(names):
+        raise ValueError(f"systemctl show answered {len(blocks)} unit(s) for {len(names)}: {stdout.strip()!r}")
+    states = {}
+    for name, block in zip(names, blocks, strict=True):
+        found = dict(line.partition("=")[::2] for line in block.splitlines() if "=" in line)
+        states[name] = {key: found.get(prop, "") for prop, key in UNIT_PROPERTIES.items()}
+    return states

@@ -25,6 +25,10 @@ description:
   - Fails before changing anything when an entry's path is taken by something of the other kind (a
     file where a directory is wanted, or the reverse), or a file's directory is neither there nor
     in O(directories).
+  - With O(units), also reports what systemd says of the role's services (RV(units)), read after the
+    files are written, so that the task that enables and starts them runs only when one of them is
+    not as it should be or its unit file changed: a no-op re-run then costs no
+    M(ansible.builtin.systemd_service) run per service.
   - Check mode changes nothing and reports what would change; diff mode shows each file's content
     before and after, and each directory that would be created.
 options:
@@ -104,6 +108,13 @@ options:
       group:
         description: Its group; unset keeps the group.
         type: str
+  units:
+    description:
+      - Systemd units whose state to report in RV(units), as C(systemctl show) gives it. Read only:
+        starting, stopping and enabling stay with M(ansible.builtin.systemd_service).
+    type: list
+    elements: str
+    default: []
 notes:
   - The contents of O(files) appear in diffs; give secrets in O(secret_files). The API key, which
     this collection generates, has M(sparkserve.dsv41.api_key).
@@ -140,8 +151,22 @@ EXAMPLES = r"""
         mode: "0644"
         owner: root
         group: root
+    units: [dsv41-memguard.service]
   become: true
+  register: memguard_files
   notify: Restart the memory guard
+
+- name: Enable and start the memory guard when it is not, or its unit changed
+  ansible.builtin.systemd_service:
+    name: dsv41-memguard.service
+    enabled: true
+    state: started
+    daemon_reload: "{{ memguard_files is changed }}"
+  become: true
+  when: >-
+    memguard_files is changed
+    or memguard_files.units['dsv41-memguard.service'].active_state != 'active'
+    or memguard_files.units['dsv41-memguard.service'].unit_file_state != 'enabled'
 """
 
 RETURN = r"""
@@ -151,6 +176,19 @@ changed_paths:
   type: list
   elements: str
   sample: [/etc/systemd/system/dsv41-memguard.service]
+units:
+  description:
+    - For each unit of O(units), by the name given, its C(LoadState), C(ActiveState) and
+      C(UnitFileState) as C(systemctl show) reports them, after the files are written (a unit file
+      this run changed is read as systemd knew it before a reload). A unit systemd does not know is
+      C(not-found), C(inactive) and an empty C(unit_file_state).
+  returned: always
+  type: dict
+  sample:
+    dsv41-memguard.service:
+      load_state: loaded
+      active_state: active
+      unit_file_state: enabled
 """
 
 import os
@@ -165,6 +203,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     plan_text_file,
     write_atomically,
 )
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import UNIT_PROPERTIES, parse_unit_states
 
 ENTRY_OPTIONS = {
     "path": {"type": "path", "required": True},
@@ -234,6 +273,18 @@ def apply_file(module: AnsibleModule, entry: dict, plan: TextFilePlan, secret: b
     return diffs
 
 
+def unit_states(module: AnsibleModule, names: list[str]) -> dict[str, dict[str, str]]:
+    """What systemd reports of the units ``names``, in one systemctl run; ValueError saying why not."""
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        raise ValueError("systemctl: command not found (units needs systemd)")
+    argv = [systemctl, "show", "--property=" + ",".join(["Id", *UNIT_PROPERTIES]), *names]
+    rc, stdout, stderr = module.run_command(argv)
+    if rc != 0:
+        raise ValueError(f"{' '.join(argv)} failed (rc {rc}): {stderr.strip() or stdout.strip()}")
+    return parse_unit_states(names, stdout)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -256,6 +307,7 @@ def main() -> None:
                     "content": {"type": "str", "required": True, "no_log": True},
                 },
             },
+            "units": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -310,7 +362,12 @@ def main() -> None:
     except OSError as err:
         module.fail_json(msg=f"cannot write {err.filename}: {err.strerror}", changed_paths=changed_paths)
 
-    result = {"changed": bool(changed_paths), "changed_paths": changed_paths}
+    result = {"changed": bool(changed_paths), "changed_paths": changed_paths, "units": {}}
+    if module.params["units"]:
+        try:
+            result["units"] = unit_states(module, module.params["units"])
+        except ValueError as err:
+            module.fail_json(msg=str(err), **result)
     if module._diff and diffs:
         result["diff"] = diffs
     module.exit_json(**result)

@@ -1,4 +1,4 @@
-"""Tests of the node_facts pure functions, fed the docker CLI's captured answers."""
+"""Tests of the node_facts and node_files pure functions, fed the docker CLI's and systemctl's captured answers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     missing_commands,
     missing_python_modules,
     parse_docker_info,
+    parse_unit_states,
     user_facts,
 )
 
@@ -111,3 +112,54 @@ def test_user_facts_are_named_as_setup_names_them():
         "user_gid": 1000,
         "user_dir": "/home/spark",
     }
+
+
+# `systemctl show --property=Id,LoadState,ActiveState,UnitFileState dsv41-memguard.service
+# dsv41-supervisor.service nope.service` on the lab's head (systemd 252), the supervisor stopped.
+SYSTEMCTL_SHOW = """Id=dsv41-memguard.service
+LoadState=loaded
+ActiveState=active
+UnitFileState=enabled
+
+Id=dsv41-supervisor.service
+LoadState=loaded
+ActiveState=inactive
+UnitFileState=disabled
+
+Id=nope.service
+LoadState=not-found
+ActiveState=inactive
+UnitFileState=
+"""
+
+
+def test_unit_states_are_read_by_the_names_asked_in_order():
+    names = ["dsv41-memguard.service", "dsv41-supervisor.service", "nope.service"]
+    assert parse_unit_states(names, SYSTEMCTL_SHOW) == {
+        "dsv41-memguard.service": {"load_state": "loaded", "active_state": "active", "unit_file_state": "enabled"},
+        "dsv41-supervisor.service": {
+            "load_state": "loaded",
+            "active_state": "inactive",
+            "unit_file_state": "disabled",
+        },
+        "nope.service": {"load_state": "not-found", "active_state": "inactive", "unit_file_state": ""},
+    }
+
+
+def test_a_unit_asked_without_its_suffix_keeps_the_name_it_was_asked_by():
+    answer = "Id=dsv41-memguard.service\nLoadState=loaded\nActiveState=failed\nUnitFileState=enabled\n"
+    assert parse_unit_states(["dsv41-memguard"], answer)["dsv41-memguard"]["active_state"] == "failed"
+
+
+def test_a_property_systemctl_left_out_is_empty():
+    assert parse_unit_states(["a.service"], "Id=a.service\nActiveState=active\n")["a.service"] == {
+        "load_state": "",
+        "active_state": "active",
+        "unit_file_state": "",
+    }
+
+
+@pytest.mark.parametrize(("names", "answer"), [(["a.service", "b.service"], SYSTEMCTL_SHOW), (["a.service"], "")])
+def test_an_answer_for_other_units_than_asked_is_an_error(names, answer):
+    with pytest.raises(ValueError, match="systemctl show answered"):
+        parse_unit_states(names, answer)

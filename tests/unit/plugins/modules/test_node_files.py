@@ -204,3 +204,66 @@ def test_a_secret_file_is_written_0600_and_its_content_never_shown(run_module, t
         assert mode_of(token_file) == 0o600
     again = run_module(node_files, secret_args(tmp_path, content), check_mode=check_mode)
     assert again["changed"] is (changed and check_mode)
+
+
+# `systemctl show --property=Id,LoadState,ActiveState,UnitFileState dsv41-memguard.service` on the
+# lab's head, the guard running.
+MEMGUARD_SHOWN = "Id=dsv41-memguard.service\nLoadState=loaded\nActiveState=active\nUnitFileState=enabled\n"
+SYSTEMCTL = "/usr/bin/systemctl"
+
+
+@pytest.fixture
+def systemctl(monkeypatch):
+    """A systemctl that answers as given; records the commands it ran."""
+    state = {"installed": True, "answer": (0, MEMGUARD_SHOWN, ""), "ran": []}
+
+    def run_command(self, args, **kwargs):
+        state["ran"].append(list(args))
+        return state["answer"]
+
+    def get_bin_path(self, name, required=False, opt_dirs=None):
+        return SYSTEMCTL if name == "systemctl" and state["installed"] else None
+
+    monkeypatch.setattr(node_files.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(node_files.AnsibleModule, "get_bin_path", get_bin_path)
+    return state
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_the_units_states_are_reported_in_one_read_after_the_files(run_module, systemctl, tmp_path, check_mode):
+    args = {**install_args(tmp_path), "units": ["dsv41-memguard.service"]}
+    result = run_module(node_files, args, check_mode=check_mode)
+    assert not result.failed, result
+    assert result["changed"] is True
+    assert result["units"] == {
+        "dsv41-memguard.service": {"load_state": "loaded", "active_state": "active", "unit_file_state": "enabled"}
+    }
+    assert systemctl["ran"] == [
+        [SYSTEMCTL, "show", "--property=Id,LoadState,ActiveState,UnitFileState", "dsv41-memguard.service"]
+    ]
+
+
+def test_without_units_systemctl_is_not_asked(run_module, systemctl, tmp_path):
+    result = run_module(node_files, install_args(tmp_path))
+    assert result["units"] == {}
+    assert systemctl["ran"] == []
+
+
+@pytest.mark.parametrize(
+    ("installed", "answer", "message"),
+    [
+        (False, (0, "", ""), "systemctl: command not found"),
+        (True, (1, "", "Failed to connect to bus: No such file or directory"), "Failed to connect to bus"),
+        (True, (0, "", ""), "systemctl show answered 0 unit(s) for 1"),
+    ],
+)
+def test_units_systemd_cannot_report_fail_naming_why_and_what_changed(
+    run_module, systemctl, tmp_path, installed, answer, message
+):
+    systemctl.update(installed=installed, answer=answer)
+    result = run_module(node_files, {**install_args(tmp_path), "units": ["dsv41-memguard.service"]})
+    assert result.failed
+    assert message in result["msg"]
+    # The files were written before the units were read: the result says so.
+    assert result["changed"] is True
+    assert str(tmp_path / "state" / "guard.service") in result["changed_paths"]
