@@ -67,7 +67,11 @@ def parse_docker_info(rc: int, stdout: str, stderr: str) -> dict[str, Any]:
 
 
 # What node_files reports of a systemd unit, under the names systemctl show gives them.
-UNIT_PROPERTIES = {"LoadState": "load_state", "ActiveState": "active_state", "UnitFileState": "unit_file_state"}
+UNIT_PROPERTIES = {
+    "LoadState": "load_state",
+    "ActiveState": "active_state",
+    "UnitFileState": "unit_file_state",
+}
 
 
 def parse_unit_states(names: list[str], stdout: str) -> dict[str, dict[str, str]]:
@@ -80,7 +84,9 @@ def parse_unit_states(names: list[str], stdout: str) -> dict[str, dict[str, str]
     """
     blocks = [block for block in stdout.strip().split("\n\n") if block.strip()]
     if len(blocks) != len(names):
-        raise ValueError(f"systemctl show answered {len(blocks)} unit(s) for {len(names)}: {stdout.strip()!r}")
+        raise ValueError(
+            f"systemctl show answered {len(blocks)} unit(s) for {len(names)}: {stdout.strip()!r}"
+        )
     states = {}
     for name, block in zip(names, blocks, strict=True):
         found = dict(line.partition("=")[::2] for line in block.splitlines() if "=" in line)

@@ -26,8 +26,8 @@ description:
     file where a directory is wanted, or the reverse), or a file's directory is neither there nor
     in O(directories).
   - With O(units), also reports what systemd says of the role's services (RV(units)), read after the
-    files are written, so that the task that enables and starts them runs only when one of them is
-    not as it should be or its unit file changed: a no-op re-run then costs no
+    files are written, so that the task that enables and starts them need run only when one of them
+    is not as it should be or its unit file changed. A no-op re-run then costs no
     M(ansible.builtin.systemd_service) run per service.
   - Check mode changes nothing and reports what would change; diff mode shows each file's content
     before and after, and each directory that would be created.
@@ -110,8 +110,8 @@ options:
         type: str
   units:
     description:
-      - Systemd units whose state to report in RV(units), as C(systemctl show) gives it. Read only:
-        starting, stopping and enabling stay with M(ansible.builtin.systemd_service).
+      - Systemd units whose state to report in RV(units), as C(systemctl show) gives it.
+      - Read only. Starting, stopping and enabling stay with M(ansible.builtin.systemd_service).
     type: list
     elements: str
     default: []
@@ -274,7 +274,9 @@ def apply_file(module: AnsibleModule, entry: dict, plan: TextFilePlan, secret: b
 
 
 def unit_states(module: AnsibleModule, names: list[str]) -> dict[str, dict[str, str]]:
-    """What systemd reports of the units ``names``, in one systemctl run; ValueError saying why not."""
+    """What systemd reports of the units ``names`` (one systemctl run, none for none); ValueError: why not."""
+    if not names:
+        return {}
     systemctl = module.get_bin_path("systemctl")
     if not systemctl:
         raise ValueError("systemctl: command not found (units needs systemd)")
@@ -363,11 +365,10 @@ def main() -> None:
         module.fail_json(msg=f"cannot write {err.filename}: {err.strerror}", changed_paths=changed_paths)
 
     result = {"changed": bool(changed_paths), "changed_paths": changed_paths, "units": {}}
-    if module.params["units"]:
-        try:
-            result["units"] = unit_states(module, module.params["units"])
-        except ValueError as err:
-            module.fail_json(msg=str(err), **result)
+    try:
+        result["units"] = unit_states(module, module.params["units"])
+    except ValueError as err:
+        module.fail_json(msg=str(err), **result)
     if module._diff and diffs:
         result["diff"] = diffs
     module.exit_json(**result)

@@ -113,6 +113,30 @@ def test_second_run_changes_nothing_and_never_prints_the_key(lab):
         for job in ("Start the download", "Start rebuilding and verifying the shards")
     ] + [("Start copying the checkpoint over the fabric to worker", "head")]
     assert not [(job, host) for job, host in jobs if run.results_of(job, host)], "no job started"
+    # The services were read enabled and running with their files unchanged: no systemd run.
+    services = [("Enable and start the memory guard", host) for host in RANKS] + [
+        ("Run the supervisor", "head")
+    ]
+    assert not [(task, host) for task, host in services if run.results_of(task, host)], "no systemd run"
+
+
+def test_services_stopped_and_disabled_by_hand_are_enabled_and_started_by_a_re_run(lab):
+    """What the files' task reads of the units decides whether the systemd task runs: a unit that is
+    not as asked while its files are unchanged must still be put right."""
+    units = {"head": ["dsv41-memguard", "dsv41-supervisor"], "worker": ["dsv41-memguard"]}
+    for node, names in units.items():
+        lab.ssh(node, f"sudo systemctl disable --now {' '.join(names)}")
+    run, _ = site("--tags", "memguard,supervisor")
+    assert run.returncode == 0, run.stdout[-3000:]
+    for node, names in units.items():
+        for name in names:
+            state = lab.ssh(node, f"systemctl is-enabled {name}; systemctl is-active {name}", check=False)
+            assert state.stdout.split() == ["enabled", "active"], f"{name} on {node}: {state.stdout}"
+    assert [result["changed"] for result in run.results_of("Run the supervisor", "head")] == [True]
+    for node in units:
+        assert [
+            result["changed"] for result in run.results_of("Enable and start the memory guard", node)
+        ] == [True]
 
 
 def test_a_revision_touched_after_its_seal_is_fetched_and_verified_again_then_sealed(lab):

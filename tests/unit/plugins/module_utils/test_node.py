@@ -1,4 +1,4 @@
-"""Tests of the node_facts and node_files pure functions, fed the docker CLI's and systemctl's captured answers."""
+"""Tests of the node_facts and node_files pure functions, fed docker's and systemctl's captured answers."""
 
 from __future__ import annotations
 
@@ -136,7 +136,11 @@ UnitFileState=
 def test_unit_states_are_read_by_the_names_asked_in_order():
     names = ["dsv41-memguard.service", "dsv41-supervisor.service", "nope.service"]
     assert parse_unit_states(names, SYSTEMCTL_SHOW) == {
-        "dsv41-memguard.service": {"load_state": "loaded", "active_state": "active", "unit_file_state": "enabled"},
+        "dsv41-memguard.service": {
+            "load_state": "loaded",
+            "active_state": "active",
+            "unit_file_state": "enabled",
+        },
         "dsv41-supervisor.service": {
             "load_state": "loaded",
             "active_state": "inactive",
@@ -159,7 +163,9 @@ def test_a_property_systemctl_left_out_is_empty():
     }
 
 
-@pytest.mark.parametrize(("names", "answer"), [(["a.service", "b.service"], SYSTEMCTL_SHOW), (["a.service"], "")])
+@pytest.mark.parametrize(
+    ("names", "answer"), [(["a.service", "b.service"], SYSTEMCTL_SHOW), (["a.service"], "")]
+)
 def test_an_answer_for_other_units_than_asked_is_an_error(names, answer):
     with pytest.raises(ValueError, match="systemctl show answered"):
         parse_unit_states(names, answer)

@@ -230,13 +230,17 @@ def systemctl(monkeypatch):
 
 
 @pytest.mark.parametrize("check_mode", [False, True])
-def test_the_units_states_are_reported_in_one_read_after_the_files(run_module, systemctl, tmp_path, check_mode):
+def test_the_units_are_read_once_after_the_files(run_module, systemctl, tmp_path, check_mode):
     args = {**install_args(tmp_path), "units": ["dsv41-memguard.service"]}
     result = run_module(node_files, args, check_mode=check_mode)
     assert not result.failed, result
     assert result["changed"] is True
     assert result["units"] == {
-        "dsv41-memguard.service": {"load_state": "loaded", "active_state": "active", "unit_file_state": "enabled"}
+        "dsv41-memguard.service": {
+            "load_state": "loaded",
+            "active_state": "active",
+            "unit_file_state": "enabled",
+        }
     }
     assert systemctl["ran"] == [
         [SYSTEMCTL, "show", "--property=Id,LoadState,ActiveState,UnitFileState", "dsv41-memguard.service"]
@@ -250,16 +254,22 @@ def test_without_units_systemctl_is_not_asked(run_module, systemctl, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("installed", "answer", "message"),
+    "case",
     [
-        (False, (0, "", ""), "systemctl: command not found"),
-        (True, (1, "", "Failed to connect to bus: No such file or directory"), "Failed to connect to bus"),
-        (True, (0, "", ""), "systemctl show answered 0 unit(s) for 1"),
+        pytest.param((False, (0, "", ""), "systemctl: command not found"), id="no-systemctl"),
+        pytest.param(
+            (
+                True,
+                (1, "", "Failed to connect to bus: No such file or directory"),
+                "Failed to connect to bus",
+            ),
+            id="no-bus",
+        ),
+        pytest.param((True, (0, "", ""), "systemctl show answered 0 unit(s) for 1"), id="no-answer"),
     ],
 )
-def test_units_systemd_cannot_report_fail_naming_why_and_what_changed(
-    run_module, systemctl, tmp_path, installed, answer, message
-):
+def test_units_systemd_cannot_report_fail_naming_why_and_what_changed(run_module, systemctl, tmp_path, case):
+    installed, answer, message = case
     systemctl.update(installed=installed, answer=answer)
     result = run_module(node_files, {**install_args(tmp_path), "units": ["dsv41-memguard.service"]})
     assert result.failed
