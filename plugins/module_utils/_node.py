@@ -4,8 +4,9 @@
 """What a node offers the deployment, as pure functions behind ``node_facts``.
 
 The user running the module (the facts ``setup`` gathers for its ``user`` subset, under the same
-names), the commands missing from its PATH, the Python modules its interpreter cannot import, and
-what the Docker engine answers. Nothing here runs a command: the module passes the output in.
+names), the commands missing from its PATH, the Python modules its interpreter cannot import, what
+the Docker engine answers and which images it has. Nothing here runs a command: the module passes
+the output in.
 
 Internal to sparkserve.dsv41; not a public API.
 """
@@ -41,6 +42,11 @@ def missing_python_modules(names: list[str], find_spec: Callable[[str], Any]) ->
         if not found:
             missing.append(name)
     return missing
+
+
+def present_images(names: list[str], engine_has: Callable[[str], bool]) -> list[str]:
+    """The image references ``engine_has`` finds, in the order given, each once."""
+    return [name for name in dict.fromkeys(names) if engine_has(name)]
 
 
 def parse_docker_info(rc: int, stdout: str, stderr: str) -> dict[str, Any]:

@@ -113,11 +113,13 @@ def test_second_run_changes_nothing_and_never_prints_the_key(lab):
         for job in ("Start the download", "Start rebuilding and verifying the shards")
     ] + [("Start copying the checkpoint over the fabric to worker", "head")]
     assert not [(job, host) for job, host in jobs if run.results_of(job, host)], "no job started"
-    # The services were read enabled and running with their files unchanged: no systemd run.
+    # The services were read enabled and running with their files unchanged, and the image found on
+    # every node: no systemd run, no pull.
     services = [("Enable and start the memory guard", host) for host in RANKS] + [
         ("Run the supervisor", "head")
     ]
     assert not [(task, host) for task, host in services if run.results_of(task, host)], "no systemd run"
+    assert not [host for host in RANKS if run.results_of("Pull the serving image by digest", host)], "no pull"
 
 
 def test_services_stopped_and_disabled_by_hand_are_enabled_and_started_by_a_re_run(lab):
@@ -292,12 +294,30 @@ def test_logs_name_the_variable_when_the_rank_does_not_exist():
         ),
     ],
 )
-def test_bad_variables_fail_in_preflight_naming_the_variable(override, named):
+def test_bad_variables_fail_in_preflight_naming_the_variable(lab, override, named):
     run, _ = site("-e", override)
     assert run.returncode != 0
     assert named in run.stdout
-    assert "TASK [sparkserve.dsv41.checkpoint" not in run.stdout, "nothing after preflight ran"
+    assert "TASK [sparkserve.dsv41.memguard" not in run.stdout, "nothing after preflight ran"
     assert changed_nothing(run), run.stdout[-3000:]
+    # A lock left behind would pause the supervisor until the next run.
+    assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0, (
+        "no lock left"
+    )
+
+
+def test_a_run_that_leaves_a_rank_node_out_stops_in_preflight_naming_it(lab):
+    run, _ = site("--limit", "worker")
+    assert run.returncode != 0
+    assert "this run leaves out head (--limit)" in run.stdout, run.stdout[-3000:]
+    assert "TASK [sparkserve.dsv41.memguard" not in run.stdout, "nothing after preflight ran"
+    assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0, (
+        "no lock left"
+    )
+    # The roles that work node by node still run on the nodes given.
+    per_node, _ = site("--limit", "worker", "--tags", "memguard,image,supervisor")
+    assert per_node.returncode == 0, per_node.stdout[-3000:]
+    assert changed_nothing(per_node), per_node.stdout[-3000:]
 
 
 def test_status_shows_every_node_in_one_table():

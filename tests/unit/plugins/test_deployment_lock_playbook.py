@@ -1,7 +1,8 @@
-"""The deployment lock end to end: site.yml's own lock plays, run by ansible-playbook on this machine.
+"""The deployment lock end to end: site.yml's own lock tasks, run by ansible-playbook on this machine.
 
-The playbook is site.yml's first play (take the lock) and last play (give it back) around a play that
-copies the lock while the run holds it (and, for the concurrency case, waits for the test's go-ahead).
+The playbook is site.yml's task that takes the lock (in a play of its own, as the deploying play's
+settings) and its last play but one (give it back) around a play that copies the lock while the run
+holds it (and, for the concurrency case, waits for the test's go-ahead).
 Two inventory hosts, a head and a worker, both this machine over the local connection; the state
 directory is a temporary one. Independent cases run at once, each with its own state directory.
 """
@@ -76,20 +77,38 @@ def outcome_play(play: dict) -> bool:
     return tasks_from == ["outcome"] and play["hosts"] == hosts
 
 
+LOCK_ROLE = {"name": "sparkserve.dsv41.deployment", "tasks_from": "lock"}
+
+
+def is_lock_task(task: dict, state: str) -> bool:
+    """Whether ``task`` takes (``acquired``) or gives back (``released``) the lock, whatever the tags."""
+    return (
+        task.get("ansible.builtin.import_role") == LOCK_ROLE
+        and task.get("vars") == {"deployment_lock_state": state}
+        and task.get("tags") == ["always"]
+    )
+
+
+def deploying_play() -> dict:
+    """site.yml's first play, the one that deploys: preflight first, the lock right after it."""
+    return yaml.safe_load((REPO / "playbooks" / "site.yml").read_text())[0]
+
+
 def lock_plays() -> tuple[dict, dict]:
-    """site.yml's first and last plays, which must be the lock's; after the last, only the play
-    that fails a run whose switch failed, once the lock is given back."""
+    """A play of site.yml's task that takes the lock, with the deploying play's settings, and
+    site.yml's last play but one, which gives it back; after it, only the play that fails a run
+    whose switch failed, once the lock is given back."""
     plays = yaml.safe_load((REPO / "playbooks" / "site.yml").read_text())
     assert outcome_play(plays[-1])
-    first, last = plays[0], plays[-2]
-    for play, state in ((first, "acquired"), (last, "released")):
-        (task,) = play["tasks"]
-        assert task["ansible.builtin.import_role"] == {
-            "name": "sparkserve.dsv41.deployment",
-            "tasks_from": "lock",
-        }
-        assert task["vars"] == {"deployment_lock_state": state}
-        assert task["tags"] == ["always"]
+    deploying, last = plays[0], plays[-2]
+    (take,) = [task for task in deploying["tasks"] if is_lock_task(task, "acquired")]
+    first = {
+        "name": "Take the deployment lock",
+        **{key: deploying[key] for key in ("hosts", "gather_facts", "any_errors_fatal")},
+        "tasks": [take],
+    }
+    (give_back,) = last["tasks"]
+    assert is_lock_task(give_back, "released")
     return first, last
 
 
@@ -364,15 +383,27 @@ def test_a_second_run_while_the_first_holds_the_lock_stops_naming_it(cases):
 # --------------------------------------------------------------------------- the playbooks that deploy
 
 
-@pytest.mark.parametrize("name", ["site", "teardown"])
-def test_every_deploying_playbook_takes_the_lock_first_and_gives_it_back_last(name):
-    plays = yaml.safe_load((REPO / "playbooks" / f"{name}.yml").read_text())
-    site_first, site_last = lock_plays()
+def test_site_takes_the_lock_right_after_preflight_and_gives_it_back_last():
+    plays = yaml.safe_load((REPO / "playbooks" / "site.yml").read_text())
+    deploying = plays[0]
+    assert deploying["any_errors_fatal"] is True, "a refused lock stops every host"
+    # Preflight changes nothing: a run that fails its checks leaves no lock (which pauses the
+    # supervisor); every role after it that changes something runs under the lock.
+    imported = [task.get("ansible.builtin.import_role", {}).get("name") for task in deploying["tasks"]]
+    assert imported[0] == "sparkserve.dsv41.preflight"
+    assert is_lock_task(deploying["tasks"][1], "acquired")
     # After the lock is given back, at most the play that fails a run whose switch failed.
     if outcome_play(plays[-1]):
         plays = plays[:-1]
-    assert (plays[0], plays[-1]) == (site_first, site_last)
-    assert site_first["any_errors_fatal"] is True, "a refused lock stops every host"
+    assert plays[-1] == lock_plays()[1]
+    assert all("deployment_lock_state" not in json.dumps(play) for play in plays[1:-1])
+
+
+def test_teardown_takes_the_lock_first_and_gives_it_back_last():
+    plays = yaml.safe_load((REPO / "playbooks" / "teardown.yml").read_text())
+    first, last = lock_plays()
+    assert plays[0]["any_errors_fatal"] is True, "a refused lock stops every host"
+    assert [plays[0]["tasks"], plays[-1]] == [first["tasks"], last]
     assert all("deployment_lock_state" not in json.dumps(play) for play in plays[1:-1])
 
 
@@ -394,14 +425,21 @@ def test_restart_gets_the_lock_from_site_even_for_the_ranks_alone():
     )
     assert listed.returncode == 0, listed.stderr
     tasks = re.findall(r"^ {6}(\S.*?)\tTAGS", listed.stdout, flags=re.MULTILINE)
-    # The lock's entry point is imported: its tasks are listed, first and last but one.
+    # The lock's entry point is imported: its tasks are listed, before any task of a role that
+    # changes something (only the settings and preflight's argument checks, which change nothing,
+    # come first), and last but one.
     lock = [
         "sparkserve.dsv41.deployment : Validating arguments against arg spec 'lock' - Take or give back the"
         " deployment lock on the head (site.yml, teardown.yml, restart.yml)",
         "sparkserve.dsv41.deployment : Check the shared settings a run needs",
         "sparkserve.dsv41.deployment : Take or give back the deployment lock",
     ]
-    assert tasks[:3] == lock
+    taken = tasks.index(lock[0])
+    assert tasks[taken : taken + 3] == lock
+    changing = ("memguard", "checkpoint", "release", "image", "rank", "supervisor")
+    assert not [
+        task for task in tasks[:taken] if task.startswith(tuple(f"sparkserve.dsv41.{r} :" for r in changing))
+    ]
     assert tasks[-4:] == [*lock, "Fail the run naming a switch that failed"]
 
 

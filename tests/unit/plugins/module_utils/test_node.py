@@ -10,6 +10,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     missing_python_modules,
     parse_docker_info,
     parse_unit_states,
+    present_images,
     user_facts,
 )
 
@@ -169,3 +170,16 @@ def test_a_property_systemctl_left_out_is_empty():
 def test_an_answer_for_other_units_than_asked_is_an_error(names, answer):
     with pytest.raises(ValueError, match="systemctl show answered"):
         parse_unit_states(names, answer)
+
+
+@pytest.mark.parametrize(
+    ("names", "has", "expected"),
+    [
+        ([], {"a@sha256:1"}, []),
+        (["a@sha256:1", "b@sha256:2"], {"b@sha256:2"}, ["b@sha256:2"]),
+        (["a@sha256:1", "a@sha256:1"], {"a@sha256:1"}, ["a@sha256:1"]),
+        (["a@sha256:1"], set(), []),
+    ],
+)
+def test_present_images_are_the_ones_the_engine_has_in_order_each_once(names, has, expected):
+    assert present_images(names, has.__contains__) == expected

@@ -27,10 +27,15 @@ PERMISSION_DENIED = (
 @pytest.fixture
 def docker_cli(monkeypatch):
     """A docker CLI that answers as given; records the commands it ran."""
-    state = {"answers": {}, "ran": [], "installed": True}
+    state = {"answers": {}, "ran": [], "installed": True, "images": set()}
 
     def run_command(self, args, **kwargs):
         state["ran"].append(args)
+        if args[1:3] == ["image", "inspect"]:
+            # `docker image inspect --format '{{.Id}}' REF` as the lab's docker CLI answers it.
+            if args[-1] in state["images"]:
+                return 0, "sha256:2b70d76d02cceb10f62ebc37c3788024256d7cf629ba3284c74897b5c1da5ff8\n", ""
+            return 1, "\n", f"Error: No such image: {args[-1]}\n"
         return state["answers"][args[1]]
 
     def get_bin_path(self, name, *args, **kwargs):
@@ -105,4 +110,29 @@ def test_a_node_without_the_docker_cli_is_reported_not_failed(run_module, docker
     result = run_module(node_facts, {"docker": True})
     assert not result.failed, result
     assert result["docker"] == {"version": "", "runtimes": [], "error": "docker: command not found"}
+    assert docker_cli["ran"] == []
+
+
+LAB_IMAGE = (
+    "198.18.0.1:5000/sparkserve-lab/vllm-standin@sha256:"
+    "2b70d76d02cceb10f62ebc37c3788024256d7cf629ba3284c74897b5c1da5ff8"
+)
+OTHER_IMAGE = "198.18.0.1:5000/sparkserve-lab/vllm-standin@sha256:" + "0" * 64
+
+
+def test_the_images_the_engine_has_are_named_one_inspect_each_without_asking_for_info(run_module, docker_cli):
+    docker_cli["images"] = {LAB_IMAGE}
+    result = run_module(node_facts, {"images": [OTHER_IMAGE, LAB_IMAGE]}, check_mode=True)
+    assert not result.failed, result
+    assert result["present_images"] == [LAB_IMAGE]
+    assert "docker" not in result
+    assert docker_cli["ran"] == [
+        [DOCKER_BIN, "image", "inspect", "--format", "{{.Id}}", image] for image in (OTHER_IMAGE, LAB_IMAGE)
+    ]
+
+
+def test_without_the_docker_cli_no_image_is_present(run_module, docker_cli):
+    docker_cli.update(installed=False, images={LAB_IMAGE})
+    result = run_module(node_facts, {"images": [LAB_IMAGE]})
+    assert result["present_images"] == []
     assert docker_cli["ran"] == []
