@@ -5,8 +5,8 @@
 
 The user running the module (the facts ``setup`` gathers for its ``user`` subset, under the same
 names), the commands missing from its PATH, the Python modules its interpreter cannot import, what
-the Docker engine answers and which images it has. Nothing here runs a command: the module passes
-the output in.
+the Docker engine answers, which images it has and the state and labels of named containers.
+Nothing here runs a command: the module passes the output in.
 
 Internal to sparkserve.dsv41; not a public API.
 """
@@ -47,6 +47,34 @@ def missing_python_modules(names: list[str], find_spec: Callable[[str], Any]) ->
 def present_images(names: list[str], engine_has: Callable[[str], bool]) -> list[str]:
     """The image references ``engine_has`` finds, in the order given, each once."""
     return [name for name in dict.fromkeys(names) if engine_has(name)]
+
+
+# One docker call for every container asked: a line each for the ones the engine has.
+CONTAINER_FORMAT = "{{.Name}}|{{.State.Status}}|{{json .Config.Labels}}"
+
+
+def parse_container_states(names: list[str], stdout: str) -> dict[str, dict[str, Any]]:
+    """``docker container inspect --format CONTAINER_FORMAT NAME...``'s answer, by the names asked.
+
+    docker prints one line per container it has (its name with a leading ``/``) and, on stderr, an
+    error for each it does not have (exit 1). A name without a line is ``missing``: also when the
+    engine did not answer, which the caller's Docker module will then report. ``null`` labels are {}.
+    """
+    found = {}
+    for line in stdout.splitlines():
+        name, _bar, rest = line.partition("|")
+        status, bar, labels_json = rest.partition("|")
+        if not bar:
+            continue
+        try:
+            labels = json.loads(labels_json)
+        except ValueError:
+            labels = None
+        found[name.strip().lstrip("/")] = {
+            "status": status.strip(),
+            "labels": labels if isinstance(labels, dict) else {},
+        }
+    return {name: found.get(name, {"status": "missing", "labels": {}}) for name in dict.fromkeys(names)}
 
 
 def parse_docker_info(rc: int, stdout: str, stderr: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 # Copyright: sparkserve maintainers (@sparkserve)
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
 # SPDX-License-Identifier: Apache-2.0
-"""Ansible module: the user, commands, Python modules and Docker engine a node offers (read-only)."""
+"""Ansible module: the user, commands, Python modules, Docker engine and containers of a node (read-only)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ description:
   - Returns, as facts, the user running the module under the names M(ansible.builtin.setup) gives
     them (C(user_id), C(user_uid), C(user_gid), C(user_dir)), at a fraction of setup's cost (the roles
     resolve C(~) with them on every run).
-  - With O(commands), O(python_modules), O(docker) or O(images), also what the node lacks, what its
-    Docker engine answers and which of the images it has, so that a role checks everything it needs
+  - With O(commands), O(python_modules), O(docker), O(images) or O(containers), also what the node
+    lacks, what its Docker engine answers, which of the images it has and the state and labels of the
+    containers, so that a role checks everything it needs
     in this one module run (each module run costs about 0.3 s over SSH, a Docker module's more than
     twice that).
   - Reads only; changes nothing.
@@ -48,6 +49,14 @@ options:
     type: list
     elements: str
     default: []
+  containers:
+    description:
+      - Container names to look up in the Docker engine, as the user running the module, in one call;
+        their state and labels are returned in RV(containers) (never their environment, which may hold
+        a secret).
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -73,6 +82,11 @@ EXAMPLES = r"""
   sparkserve.dsv41.node_facts:
     commands: [python3, rsync, curl]
     docker: true
+  register: node
+
+- name: Look up a container's state and labels
+  sparkserve.dsv41.node_facts:
+    containers: [dsv41-r0]
   register: node
 
 - name: Fail on a missing command
@@ -121,6 +135,23 @@ present_images:
   type: list
   elements: str
   sample: [nvcr.io/nvidia/vllm@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef]
+containers:
+  description: For each name of O(containers), the container's state and labels.
+  returned: always
+  type: dict
+  sample:
+    dsv41-r0:
+      status: running
+      labels: {sparkserve.dsv41.spec-sha256: 3c1e0b0f5a5e4c0d9b6a7f8e9d0c1b2a3f4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c}
+  contains:
+    status:
+      description:
+        - Docker's state of the container (C(created), C(running), C(exited), ...), or C(missing) when the
+          engine has no such container or does not answer.
+      type: str
+    labels:
+      description: The container's labels (its image's included).
+      type: dict
 docker:
   description: What the Docker engine answered.
   returned: when O(docker=true)
@@ -148,9 +179,11 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
+    CONTAINER_FORMAT,
     DOCKER_INFO_FORMAT,
     missing_commands,
     missing_python_modules,
+    parse_container_states,
     parse_docker_info,
     present_images,
     user_facts,
@@ -164,27 +197,34 @@ def main() -> None:
             "python_modules": {"type": "list", "elements": "str", "default": []},
             "docker": {"type": "bool", "default": False},
             "images": {"type": "list", "elements": "str", "default": []},
+            "containers": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
+    params = module.params
     entry = pwd.getpwuid(os.geteuid())
     result = {
         "changed": False,
         "ansible_facts": user_facts(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir),
-        "missing_commands": missing_commands(module.params["commands"], shutil.which),
-        "missing_python_modules": missing_python_modules(
-            module.params["python_modules"], importlib.util.find_spec
-        ),
+        "missing_commands": missing_commands(params["commands"], shutil.which),
+        "missing_python_modules": missing_python_modules(params["python_modules"], importlib.util.find_spec),
     }
-    docker_bin = module.get_bin_path("docker") if module.params["docker"] or module.params["images"] else None
+    asks_docker = params["docker"] or params["images"] or params["containers"]
+    docker_bin = module.get_bin_path("docker") if asks_docker else None
     result["present_images"] = present_images(
-        module.params["images"],
+        params["images"],
         lambda image: (
             bool(docker_bin)
             and module.run_command([docker_bin, "image", "inspect", "--format", "{{.Id}}", image])[0] == 0
         ),
     )
-    if module.params["docker"]:
+    inspected = ""
+    if params["containers"] and docker_bin:
+        _rc, inspected, _err = module.run_command(
+            [docker_bin, "container", "inspect", "--format", CONTAINER_FORMAT, *params["containers"]]
+        )
+    result["containers"] = parse_container_states(params["containers"], inspected)
+    if params["docker"]:
         if docker_bin:
             docker = parse_docker_info(
                 *module.run_command([docker_bin, "info", "--format", DOCKER_INFO_FORMAT])

@@ -120,6 +120,9 @@ def test_second_run_changes_nothing_and_never_prints_the_key(lab):
     ]
     assert not [(task, host) for task, host in services if run.results_of(task, host)], "no systemd run"
     assert not [host for host in RANKS if run.results_of("Pull the serving image by digest", host)], "no pull"
+    # Each rank was found running with the digest of its settings: no Docker module dry run.
+    dry_run = "Run this node's rank container (dry run, to see what would change)"
+    assert not [host for host in RANKS if run.results_of(dry_run, host)], "no dry run"
 
 
 def test_services_stopped_and_disabled_by_hand_are_enabled_and_started_by_a_re_run(lab):
@@ -181,6 +184,25 @@ def test_a_serving_change_restarts_both_ranks_worker_first(lab):
     finally:
         restored, _ = site("--tags", "rank")
         assert restored.returncode == 0, restored.stdout[-3000:]
+
+
+def test_a_rank_container_created_anew_by_hand_is_compared_in_full_and_the_group_restarts(lab):
+    """Only a container running with the digest of its settings skips the dry run: one created by
+    hand under the rank's name (other settings, no digest) is compared setting by setting, and the
+    group starts anew with the reference arguments."""
+    image = inspect(lab, "worker")["Config"]["Image"]
+    before = started_at(lab, "head")
+    by_hand = f"docker run -d --name dsv41-r1 --entrypoint sleep {image} infinity"
+    lab.ssh("worker", f"docker rm -f dsv41-r1 && {by_hand}")
+    run, _ = site("--tags", "rank")
+    assert run.returncode == 0, run.stdout[-3000:]
+    dry_run = "Run this node's rank container (dry run, to see what would change)"
+    assert [result["changed"] for result in run.results_of(dry_run, "worker")] == [True]
+    assert not run.results_of(dry_run, "head"), "the head's rank runs as specified"
+    worker = inspect(lab, "worker")
+    assert worker["Config"]["Cmd"][0] == "/model" and worker["State"]["Running"]
+    assert "sparkserve.dsv41.spec-sha256" in worker["Config"]["Labels"]
+    assert started_at(lab, "head") != before, "the head's rank starts anew with the worker's"
 
 
 def test_a_rank_that_dies_at_start_up_fails_the_run_fast_with_both_logs():

@@ -8,6 +8,7 @@ import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     missing_commands,
     missing_python_modules,
+    parse_container_states,
     parse_docker_info,
     parse_unit_states,
     present_images,
@@ -183,3 +184,51 @@ def test_an_answer_for_other_units_than_asked_is_an_error(names, answer):
 )
 def test_present_images_are_the_ones_the_engine_has_in_order_each_once(names, has, expected):
     assert present_images(names, has.__contains__) == expected
+
+
+# `docker container inspect --format '{{.Name}}|{{.State.Status}}|{{json .Config.Labels}}'
+# dsv41-r0 dsv41-r9 dsv41-r7 dsv41-r8` on a lab node (Docker 20.10.24): r0 the running rank, r9 none
+# (stderr: "Error: No such container: dsv41-r9", exit 1), r7 created, r8 exited with a label of its own.
+STANDIN_DESCRIPTION = "STAND-IN for the vLLM DeepSeek-V4.1-Flash serving image (lab only)"
+STANDIN_LABELS = (
+    f'"org.opencontainers.image.description":"{STANDIN_DESCRIPTION}",'
+    '"org.opencontainers.image.title":"sparkserve-lab-vllm-standin"'
+)
+CONTAINER_INSPECT = (
+    f'/dsv41-r0|running|{{{STANDIN_LABELS},"sparkserve.lab":"image"}}\n'
+    f'/dsv41-r7|created|{{{STANDIN_LABELS},"sparkserve.lab":"image"}}\n'
+    f'/dsv41-r8|exited|{{{STANDIN_LABELS},"sparkserve.dsv41.spec-sha256":"abc","sparkserve.lab":"image"}}\n'
+)
+IMAGE_LABELS = {
+    "org.opencontainers.image.description": STANDIN_DESCRIPTION,
+    "org.opencontainers.image.title": "sparkserve-lab-vllm-standin",
+    "sparkserve.lab": "image",
+}
+
+
+def test_container_states_are_read_by_the_names_asked_a_missing_one_included():
+    assert parse_container_states(["dsv41-r0", "dsv41-r9", "dsv41-r7", "dsv41-r8"], CONTAINER_INSPECT) == {
+        "dsv41-r0": {"status": "running", "labels": IMAGE_LABELS},
+        "dsv41-r9": {"status": "missing", "labels": {}},
+        "dsv41-r7": {"status": "created", "labels": IMAGE_LABELS},
+        "dsv41-r8": {"status": "exited", "labels": {**IMAGE_LABELS, "sparkserve.dsv41.spec-sha256": "abc"}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        pytest.param("", {"status": "missing", "labels": {}}, id="engine-did-not-answer"),
+        # A container whose image and run set no label: Go prints the nil map as null.
+        pytest.param("/dsv41-r1|running|null\n", {"status": "running", "labels": {}}, id="no-labels"),
+        pytest.param("/dsv41-r1|running|{not\n", {"status": "running", "labels": {}}, id="garbled-labels"),
+        pytest.param("/dsv41-r1|running\n", {"status": "missing", "labels": {}}, id="short-line"),
+        pytest.param("/dsv41-r10|running|{}\n", {"status": "missing", "labels": {}}, id="other-name"),
+    ],
+)
+def test_a_container_the_answer_does_not_describe_in_full_is_missing_or_unlabelled(stdout, expected):
+    assert parse_container_states(["dsv41-r1"], stdout) == {"dsv41-r1": expected}
+
+
+def test_container_names_asked_twice_are_answered_once():
+    assert list(parse_container_states(["dsv41-r0", "dsv41-r0"], CONTAINER_INSPECT)) == ["dsv41-r0"]

@@ -27,7 +27,7 @@ PERMISSION_DENIED = (
 @pytest.fixture
 def docker_cli(monkeypatch):
     """A docker CLI that answers as given; records the commands it ran."""
-    state = {"answers": {}, "ran": [], "installed": True, "images": set()}
+    state = {"answers": {}, "ran": [], "installed": True, "images": set(), "containers": {}}
 
     def run_command(self, args, **kwargs):
         state["ran"].append(args)
@@ -36,6 +36,12 @@ def docker_cli(monkeypatch):
             if args[-1] in state["images"]:
                 return 0, "sha256:2b70d76d02cceb10f62ebc37c3788024256d7cf629ba3284c74897b5c1da5ff8\n", ""
             return 1, "\n", f"Error: No such image: {args[-1]}\n"
+        if args[1:3] == ["container", "inspect"]:
+            # The lab's docker CLI: a line per container it has, an error per name it has not.
+            names, known = args[5:], state["containers"]
+            lines = "".join(f"/{name}|{known[name]}\n" for name in names if name in known)
+            errors = "".join(f"Error: No such container: {name}\n" for name in names if name not in known)
+            return (1 if errors else 0), lines, errors
         return state["answers"][args[1]]
 
     def get_bin_path(self, name, *args, **kwargs):
@@ -135,4 +141,29 @@ def test_without_the_docker_cli_no_image_is_present(run_module, docker_cli):
     docker_cli.update(installed=False, images={LAB_IMAGE})
     result = run_module(node_facts, {"images": [LAB_IMAGE]})
     assert result["present_images"] == []
+    assert docker_cli["ran"] == []
+
+
+def test_containers_are_looked_up_in_one_call_a_missing_one_included(run_module, docker_cli):
+    docker_cli["containers"] = {
+        "dsv41-r0": 'running|{"sparkserve.dsv41.spec-sha256":"3c1e"}',
+        "dsv41-r2": "exited|null",
+    }
+    result = run_module(node_facts, {"containers": ["dsv41-r0", "dsv41-r1", "dsv41-r2"]}, check_mode=True)
+    assert not result.failed, result
+    assert result["containers"] == {
+        "dsv41-r0": {"status": "running", "labels": {"sparkserve.dsv41.spec-sha256": "3c1e"}},
+        "dsv41-r1": {"status": "missing", "labels": {}},
+        "dsv41-r2": {"status": "exited", "labels": {}},
+    }
+    inspect_format = "{{.Name}}|{{.State.Status}}|{{json .Config.Labels}}"
+    names = ["dsv41-r0", "dsv41-r1", "dsv41-r2"]
+    assert docker_cli["ran"] == [[DOCKER_BIN, "container", "inspect", "--format", inspect_format, *names]]
+    assert "docker" not in result
+
+
+def test_without_the_docker_cli_every_container_is_missing(run_module, docker_cli):
+    docker_cli.update(installed=False, containers={"dsv41-r0": "running|{}"})
+    result = run_module(node_facts, {"containers": ["dsv41-r0"]})
+    assert result["containers"] == {"dsv41-r0": {"status": "missing", "labels": {}}}
     assert docker_cli["ran"] == []
