@@ -5,8 +5,9 @@
 
 The user running the module (the facts ``setup`` gathers for its ``user`` subset, under the same
 names), the commands missing from its PATH, the Python modules its interpreter cannot import, what
-the Docker engine answers, which images it has and the state and labels of named containers.
-Nothing here runs a command: the module passes the output in.
+the Docker engine answers, which images it has, the state and labels of named containers and which
+peers do not answer an unfragmented ping. Nothing here runs a command: the module passes the output
+in.
 
 Internal to sparkserve.dsv41; not a public API.
 """
@@ -75,6 +76,30 @@ def parse_container_states(names: list[str], stdout: str) -> dict[str, dict[str,
             "labels": labels if isinstance(labels, dict) else {},
         }
     return {name: found.get(name, {"status": "missing", "labels": {}}) for name in dict.fromkeys(names)}
+
+
+# An IPv4 header and an ICMP echo header: a ping of MTU - 28 bytes of data fills one frame.
+PING_HEADER_BYTES = 28
+
+
+def ping_argv(ping_bin: str, interface: str, mtu: int, address: str) -> list[str]:
+    """One echo request out of ``interface``, with "don't fragment", filling a frame of ``mtu`` bytes.
+
+    Two seconds for the answer: a peer on the same link answers in well under a millisecond.
+    """
+    size = str(mtu - PING_HEADER_BYTES)
+    return [ping_bin, "-c", "1", "-W", "2", "-M", "do", "-s", size, "-I", interface, address]
+
+
+def ping_failure(rc: int, stdout: str, stderr: str) -> str:
+    """Why a ping did not get its answer (empty when it did): ping's error, else its loss summary."""
+    if rc == 0:
+        return ""
+    errors = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if errors:
+        return errors[-1]
+    losses = [line.strip() for line in stdout.splitlines() if "packet loss" in line]
+    return losses[-1] if losses else f"ping exited with {rc} and printed nothing"
 
 
 def parse_docker_info(rc: int, stdout: str, stderr: str) -> dict[str, Any]:

@@ -2,23 +2,23 @@
 # Copyright: sparkserve maintainers (@sparkserve)
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
 # SPDX-License-Identifier: Apache-2.0
-"""Ansible module: the user, commands, Python modules, Docker engine and containers of a node (read-only)."""
+"""Ansible module: a node's user, commands, Python modules, Docker engine, containers, peers (read-only)."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: node_facts
-short_description: Learn a node's user, missing commands and Python modules, and its Docker engine, in one run
+short_description: Learn a node's user, what it lacks, its Docker engine and unanswered pings, in one run
 version_added: 0.1.0
 author: sparkserve maintainers (@sparkserve)
 description:
   - Returns, as facts, the user running the module under the names M(ansible.builtin.setup) gives
     them (C(user_id), C(user_uid), C(user_gid), C(user_dir)), at a fraction of setup's cost (the roles
     resolve C(~) with them on every run).
-  - With O(commands), O(python_modules), O(docker), O(images) or O(containers), also what the node
-    lacks, what its Docker engine answers, which of the images it has and the state and labels of the
-    containers, so that a role checks everything it needs
+  - With O(commands), O(python_modules), O(docker), O(images), O(containers) or O(pings), also what
+    the node lacks, what its Docker engine answers, which of the images it has, the state and labels
+    of the containers and which peers do not answer, so that a role checks everything it needs
     in this one module run (each module run costs about 0.3 s over SSH, a Docker module's more than
     twice that).
   - Reads only; changes nothing.
@@ -57,6 +57,25 @@ options:
     type: list
     elements: str
     default: []
+  pings:
+    description:
+      - Peers to ping once each out of one interface, with "don't fragment" and a frame of the MTU given
+        (C(ping -c 1 -W 2 -M do -s <mtu - 28> -I <interface> <address>)); the ones that do not answer
+        are returned in RV(unanswered_pings).
+    type: dict
+    suboptions:
+      interface:
+        description: The interface to send from (this node's fabric interface).
+        type: str
+        required: true
+      mtu:
+        description: The interface's MTU, which both ends must share.
+        type: int
+        required: true
+      peers:
+        description: The peers' addresses by name (their inventory names), pinged in this order.
+        type: dict
+        required: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -87,6 +106,14 @@ EXAMPLES = r"""
 - name: Look up a container's state and labels
   sparkserve.dsv41.node_facts:
     containers: [dsv41-r0]
+  register: node
+
+- name: Ping a peer over the fabric, unfragmented at the interface's MTU
+  sparkserve.dsv41.node_facts:
+    pings:
+      interface: enp1s0f1np1
+      mtu: 9000
+      peers: {worker: 198.18.0.11}
   register: node
 
 - name: Fail on a missing command
@@ -135,6 +162,25 @@ present_images:
   type: list
   elements: str
   sample: [nvcr.io/nvidia/vllm@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef]
+unanswered_pings:
+  description: The O(pings) that got no answer, in the order given, each with why.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - name: worker
+      address: 198.18.0.11
+      why: "1 packets transmitted, 0 received, 100% packet loss, time 0ms"
+  contains:
+    name:
+      description: The peer's name.
+      type: str
+    address:
+      description: The peer's address.
+      type: str
+    why:
+      description: "ping's error, else its loss summary (C(ping: command not found) without ping)."
+      type: str
 containers:
   description: For each name of O(containers), the container's state and labels.
   returned: always
@@ -185,9 +231,29 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     missing_python_modules,
     parse_container_states,
     parse_docker_info,
+    ping_argv,
+    ping_failure,
     present_images,
     user_facts,
 )
+
+
+def unanswered_pings(module: AnsibleModule, pings: dict | None) -> list[dict]:
+    """The peers of ``pings`` that gave no answer, one ping each, in the order given."""
+    if not pings:
+        return []
+    ping_bin = module.get_bin_path("ping")
+    unanswered = []
+    for name, address in pings["peers"].items():
+        if ping_bin:
+            why = ping_failure(
+                *module.run_command(ping_argv(ping_bin, pings["interface"], pings["mtu"], address))
+            )
+        else:
+            why = "ping: command not found"
+        if why:
+            unanswered.append({"name": name, "address": address, "why": why})
+    return unanswered
 
 
 def main() -> None:
@@ -198,6 +264,14 @@ def main() -> None:
             "docker": {"type": "bool", "default": False},
             "images": {"type": "list", "elements": "str", "default": []},
             "containers": {"type": "list", "elements": "str", "default": []},
+            "pings": {
+                "type": "dict",
+                "options": {
+                    "interface": {"type": "str", "required": True},
+                    "mtu": {"type": "int", "required": True},
+                    "peers": {"type": "dict", "required": True},
+                },
+            },
         },
         supports_check_mode=True,
     )
@@ -224,6 +298,7 @@ def main() -> None:
             [docker_bin, "container", "inspect", "--format", CONTAINER_FORMAT, *params["containers"]]
         )
     result["containers"] = parse_container_states(params["containers"], inspected)
+    result["unanswered_pings"] = unanswered_pings(module, params["pings"])
     if params["docker"]:
         if docker_bin:
             docker = parse_docker_info(

@@ -342,6 +342,23 @@ def test_a_run_that_leaves_a_rank_node_out_stops_in_preflight_naming_it(lab):
     assert changed_nothing(per_node), per_node.stdout[-3000:]
 
 
+def test_an_mtu_that_differs_between_the_nodes_fails_preflight_on_the_node_whose_frames_are_lost(lab):
+    """A real fault: the worker's fabric interface back at 1500 while the head's is 9000. The head's
+    full unfragmented frame never arrives; the worker's smaller one does, so only the head fails."""
+    lab.ssh("worker", "sudo ip link set enp1s0f1np1 mtu 1500")
+    try:
+        run, _ = site("--tags", "preflight")
+    finally:
+        lab.ssh("worker", "sudo ip link set enp1s0f1np1 mtu 9000")
+    assert run.returncode != 0
+    lost = (
+        f"no unfragmented ping over the fabric to worker ({FABRIC_ADDRESS['worker']}): 1 packets transmitted"
+    )
+    assert lost in " ".join(run.stdout.split()), run.stdout[-3000:]
+    assert "fatal: [worker]" not in run.stdout, "the worker's ping to the head gets its answer"
+    assert "TASK [sparkserve.dsv41.memguard" not in run.stdout, "nothing after preflight ran"
+
+
 def test_status_shows_every_node_in_one_table():
     run, _ = run_playbook("playbooks/status.yml")
     assert run.returncode == 0, run.stdout[-3000:]

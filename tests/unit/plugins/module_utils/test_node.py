@@ -11,6 +11,8 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     parse_container_states,
     parse_docker_info,
     parse_unit_states,
+    ping_argv,
+    ping_failure,
     present_images,
     user_facts,
 )
@@ -232,3 +234,54 @@ def test_a_container_the_answer_does_not_describe_in_full_is_missing_or_unlabell
 
 def test_container_names_asked_twice_are_answered_once():
     assert list(parse_container_states(["dsv41-r0", "dsv41-r0"], CONTAINER_INSPECT)) == ["dsv41-r0"]
+
+
+def test_a_ping_fills_one_frame_of_the_mtu_unfragmented_out_of_the_interface():
+    assert ping_argv("/usr/bin/ping", "enp1s0f1np1", 9000, "198.18.0.11") == [
+        "/usr/bin/ping", "-c", "1", "-W", "2", "-M", "do", "-s", "8972", "-I", "enp1s0f1np1", "198.18.0.11",
+    ]  # fmt: skip
+
+
+# iputils ping's answers on a lab node (ping -c 1 -W 2 -M do -s 1472 -I enp1s0f1np1 <address>).
+PING_ANSWERED = """PING 198.18.0.11 (198.18.0.11) from 198.18.0.13 enp1s0f1np1: 1472(1500) bytes of data.
+1480 bytes from 198.18.0.11: icmp_seq=1 ttl=64 time=0.155 ms
+
+--- 198.18.0.11 ping statistics ---
+1 packets transmitted, 1 received, 0% packet loss, time 0ms
+rtt min/avg/max/mdev = 0.155/0.155/0.155/0.000 ms
+"""
+PING_LOST = """PING 198.18.0.99 (198.18.0.99) from 198.18.0.13 enp1s0f1np1: 1472(1500) bytes of data.
+
+--- 198.18.0.99 ping statistics ---
+1 packets transmitted, 0 received, 100% packet loss, time 0ms
+
+"""
+# A frame larger than the interface's MTU with "don't fragment": refused before it leaves.
+PING_TOO_LONG = """PING 198.18.0.11 (198.18.0.11) from 198.18.0.13 enp1s0f1np1: 64972(65000) bytes of data.
+
+--- 198.18.0.11 ping statistics ---
+1 packets transmitted, 0 received, +1 errors, 100% packet loss, time 0ms
+
+"""
+
+
+@pytest.mark.parametrize(
+    ("rc", "stdout", "stderr", "why"),
+    [
+        pytest.param(0, PING_ANSWERED, "", "", id="answered"),
+        pytest.param(
+            1, PING_LOST, "", "1 packets transmitted, 0 received, 100% packet loss, time 0ms", id="lost"
+        ),
+        pytest.param(
+            1, PING_TOO_LONG, "", "1 packets transmitted, 0 received, +1 errors, 100% packet loss, time 0ms",
+            id="frame-too-long",
+        ),
+        pytest.param(
+            2, "", "ping: SO_BINDTODEVICE nosuchif: No such device\n",
+            "ping: SO_BINDTODEVICE nosuchif: No such device", id="no-such-interface",
+        ),
+        pytest.param(1, "", "", "ping exited with 1 and printed nothing", id="silent"),
+    ],
+)  # fmt: skip
+def test_a_ping_without_answer_says_why(rc, stdout, stderr, why):
+    assert ping_failure(rc, stdout, stderr) == why

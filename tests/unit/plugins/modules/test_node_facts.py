@@ -12,6 +12,7 @@ from ansible_collections.sparkserve.dsv41.plugins.modules import node_facts
 from dir_snapshot import snapshot
 
 DOCKER_BIN = "/usr/bin/docker"
+PING_BIN = "/usr/bin/ping"
 LAB_INFO = '20.10.24+dfsg1|{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"}}\n'
 TEMPLATE_ERROR = (
     'template: :1:2: executing "" at <.ServerVersion>: reflect: indirection through nil pointer\n'
@@ -27,7 +28,7 @@ PERMISSION_DENIED = (
 @pytest.fixture
 def docker_cli(monkeypatch):
     """A docker CLI that answers as given; records the commands it ran."""
-    state = {"answers": {}, "ran": [], "installed": True, "images": set(), "containers": {}}
+    state = {"answers": {}, "ran": [], "installed": True, "images": set(), "containers": {}, "pings": {}}
 
     def run_command(self, args, **kwargs):
         state["ran"].append(args)
@@ -42,10 +43,12 @@ def docker_cli(monkeypatch):
             lines = "".join(f"/{name}|{known[name]}\n" for name in names if name in known)
             errors = "".join(f"Error: No such container: {name}\n" for name in names if name not in known)
             return (1 if errors else 0), lines, errors
+        if args[0] == PING_BIN:
+            return state["pings"][args[-1]]
         return state["answers"][args[1]]
 
     def get_bin_path(self, name, *args, **kwargs):
-        return DOCKER_BIN if name == "docker" and state["installed"] else None
+        return {"docker": DOCKER_BIN, "ping": PING_BIN}[name] if state["installed"] else None
 
     monkeypatch.setattr(AnsibleModule, "run_command", run_command)
     monkeypatch.setattr(AnsibleModule, "get_bin_path", get_bin_path)
@@ -167,3 +170,51 @@ def test_without_the_docker_cli_every_container_is_missing(run_module, docker_cl
     result = run_module(node_facts, {"containers": ["dsv41-r0"]})
     assert result["containers"] == {"dsv41-r0": {"status": "missing", "labels": {}}}
     assert docker_cli["ran"] == []
+
+
+PING_LOST = (
+    "\n--- 198.18.0.12 ping statistics ---\n1 packets transmitted, 0 received, 100% packet loss, time 0ms\n"
+)
+
+
+def test_each_peer_is_pinged_once_and_the_unanswered_are_named_with_why(run_module, docker_cli):
+    docker_cli["pings"] = {
+        "198.18.0.11": (0, "1 packets transmitted, 1 received\n", ""),
+        "198.18.0.12": (1, PING_LOST, ""),
+    }
+    pings = {
+        "interface": "enp1s0f1np1",
+        "mtu": 9000,
+        "peers": {"worker": "198.18.0.11", "worker2": "198.18.0.12"},
+    }
+    result = run_module(node_facts, {"pings": pings}, check_mode=True)
+    assert not result.failed, result
+    assert result["unanswered_pings"] == [
+        {
+            "name": "worker2",
+            "address": "198.18.0.12",
+            "why": "1 packets transmitted, 0 received, 100% packet loss, time 0ms",
+        }
+    ]
+    assert [args[-3:] for args in docker_cli["ran"]] == [
+        ["-I", "enp1s0f1np1", "198.18.0.11"],
+        ["-I", "enp1s0f1np1", "198.18.0.12"],
+    ]
+    assert all(
+        args[:9] == [PING_BIN, "-c", "1", "-W", "2", "-M", "do", "-s", "8972"] for args in docker_cli["ran"]
+    )
+
+
+def test_without_ping_every_peer_is_unanswered_because_ping_is_missing(run_module, docker_cli):
+    docker_cli["installed"] = False
+    pings = {"interface": "enp1s0f1np1", "mtu": 1500, "peers": {"worker": "198.18.0.11"}}
+    result = run_module(node_facts, {"pings": pings})
+    assert result["unanswered_pings"] == [
+        {"name": "worker", "address": "198.18.0.11", "why": "ping: command not found"}
+    ]
+    assert docker_cli["ran"] == []
+
+
+def test_pings_need_the_interface_the_mtu_and_the_peers(run_module, docker_cli):
+    result = run_module(node_facts, {"pings": {"interface": "enp1s0f1np1", "peers": {}}})
+    assert result.failed and "mtu" in result["msg"], result
