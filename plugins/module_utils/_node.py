@@ -45,6 +45,32 @@ def missing_python_modules(names: list[str], find_spec: Callable[[str], Any]) ->
     return missing
 
 
+# Run by another Python (a virtualenv's) with the distribution names as arguments: their versions
+# as one JSON object, "" for one it does not have.
+DISTRIBUTIONS_SCRIPT = """
+import importlib.metadata, json, sys
+versions = {}
+for name in sys.argv[1:]:
+    try:
+        versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        versions[name] = ""
+print(json.dumps(versions))
+"""
+
+
+def distribution_versions(names: list[str], rc: int, stdout: str) -> dict[str, str]:
+    """DISTRIBUTIONS_SCRIPT's answer by the names asked: "" for each when that Python did not run."""
+    versions = {}
+    if rc == 0:
+        try:
+            answer = json.loads(stdout)
+        except ValueError:
+            answer = None
+        versions = answer if isinstance(answer, dict) else {}
+    return {name: str(versions.get(name) or "") for name in dict.fromkeys(names)}
+
+
 def present_images(names: list[str], engine_has: Callable[[str], bool]) -> list[str]:
     """The image references ``engine_has`` finds, in the order given, each once."""
     return [name for name in dict.fromkeys(names) if engine_has(name)]

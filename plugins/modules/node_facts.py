@@ -16,9 +16,10 @@ description:
   - Returns, as facts, the user running the module under the names M(ansible.builtin.setup) gives
     them (C(user_id), C(user_uid), C(user_gid), C(user_dir)), at a fraction of setup's cost (the roles
     resolve C(~) with them on every run).
-  - With O(commands), O(python_modules), O(docker), O(images), O(containers) or O(pings), also what
-    the node lacks, what its Docker engine answers, which of the images it has, the state and labels
-    of the containers and which peers do not answer, so that a role checks everything it needs
+  - With O(commands), O(python_modules), O(python_distributions), O(docker), O(images), O(containers)
+    or O(pings), also what the node lacks, which distributions another Python has, what its Docker
+    engine answers, which of the images it has, the state and labels of the containers and which
+    peers do not answer, so that a role checks everything it needs
     in this one module run (each module run costs about 0.3 s over SSH, a Docker module's more than
     twice that).
   - Reads only; changes nothing.
@@ -35,6 +36,21 @@ options:
     type: list
     elements: str
     default: []
+  python_distributions:
+    description:
+      - Distributions to look up in another Python on the node (a virtualenv's), with one run of it;
+        their versions are returned in RV(python_distributions).
+    type: dict
+    suboptions:
+      python:
+        description: That Python's interpreter.
+        type: path
+        required: true
+      names:
+        description: The distributions' names.
+        type: list
+        elements: str
+        required: true
   docker:
     description:
       - Ask the Docker engine, as the user running the module, for its version and container runtimes
@@ -103,6 +119,13 @@ EXAMPLES = r"""
     docker: true
   register: node
 
+- name: Look up the version of huggingface_hub in a virtualenv
+  sparkserve.dsv41.node_facts:
+    python_distributions:
+      python: /home/spark/.dsv41-two-sparks/hf-venv/bin/python
+      names: [huggingface_hub]
+  register: node
+
 - name: Look up a container's state and labels
   sparkserve.dsv41.node_facts:
     containers: [dsv41-r0]
@@ -156,6 +179,13 @@ missing_python_modules:
   type: list
   elements: str
   sample: [requests]
+python_distributions:
+  description:
+    - For each name of O(python_distributions), the version that Python has; empty when it does not
+      have it, or when that Python does not run (missing, or a broken virtualenv).
+  returned: always
+  type: dict
+  sample: {huggingface_hub: 2.4.0}
 present_images:
   description: The references of O(images) the Docker engine has, in the order given.
   returned: always
@@ -226,7 +256,9 @@ import shutil
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     CONTAINER_FORMAT,
+    DISTRIBUTIONS_SCRIPT,
     DOCKER_INFO_FORMAT,
+    distribution_versions,
     missing_commands,
     missing_python_modules,
     parse_container_states,
@@ -236,6 +268,16 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     present_images,
     user_facts,
 )
+
+
+def python_distributions(module: AnsibleModule, asked: dict | None) -> dict[str, str]:
+    """The versions of the distributions ``asked`` in the Python it names ("" when it does not run)."""
+    if not asked:
+        return {}
+    if not os.access(asked["python"], os.X_OK):
+        return distribution_versions(asked["names"], 127, "")
+    rc, stdout, _err = module.run_command([asked["python"], "-c", DISTRIBUTIONS_SCRIPT, *asked["names"]])
+    return distribution_versions(asked["names"], rc, stdout)
 
 
 def unanswered_pings(module: AnsibleModule, pings: dict | None) -> list[dict]:
@@ -261,6 +303,13 @@ def main() -> None:
         argument_spec={
             "commands": {"type": "list", "elements": "str", "default": []},
             "python_modules": {"type": "list", "elements": "str", "default": []},
+            "python_distributions": {
+                "type": "dict",
+                "options": {
+                    "python": {"type": "path", "required": True},
+                    "names": {"type": "list", "elements": "str", "required": True},
+                },
+            },
             "docker": {"type": "bool", "default": False},
             "images": {"type": "list", "elements": "str", "default": []},
             "containers": {"type": "list", "elements": "str", "default": []},
@@ -283,6 +332,7 @@ def main() -> None:
         "missing_commands": missing_commands(params["commands"], shutil.which),
         "missing_python_modules": missing_python_modules(params["python_modules"], importlib.util.find_spec),
     }
+    result["python_distributions"] = python_distributions(module, params["python_distributions"])
     asks_docker = params["docker"] or params["images"] or params["containers"]
     docker_bin = module.get_bin_path("docker") if asks_docker else None
     result["present_images"] = present_images(

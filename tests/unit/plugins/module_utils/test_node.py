@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
+    distribution_versions,
     missing_commands,
     missing_python_modules,
     parse_container_states,
@@ -285,3 +286,22 @@ PING_TOO_LONG = """PING 198.18.0.11 (198.18.0.11) from 198.18.0.13 enp1s0f1np1: 
 )  # fmt: skip
 def test_a_ping_without_answer_says_why(rc, stdout, stderr, why):
     assert ping_failure(rc, stdout, stderr) == why
+
+
+NONE = {"huggingface_hub": "", "requests": ""}
+FOUND = {"huggingface_hub": "2.4.0", "requests": ""}
+
+
+@pytest.mark.parametrize(
+    ("rc", "stdout", "expected"),
+    [
+        pytest.param(0, '{"huggingface_hub": "2.4.0", "requests": ""}\n', FOUND, id="answered"),
+        pytest.param(0, '{"huggingface_hub": "2.4.0"}\n', FOUND, id="left-out"),
+        pytest.param(127, "", NONE, id="python-does-not-run"),
+        pytest.param(1, '{"huggingface_hub": "2.4.0"}\n', NONE, id="python-failed"),
+        pytest.param(0, "Traceback ...\n", NONE, id="not-json"),
+        pytest.param(0, '["2.4.0"]\n', NONE, id="not-an-object"),
+    ],
+)
+def test_distribution_versions_are_by_the_names_asked_empty_when_unknown(rc, stdout, expected):
+    assert distribution_versions(["huggingface_hub", "requests"], rc, stdout) == expected

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pwd
+import sys
 
 import pytest
 import yaml
@@ -218,3 +220,28 @@ def test_without_ping_every_peer_is_unanswered_because_ping_is_missing(run_modul
 def test_pings_need_the_interface_the_mtu_and_the_peers(run_module, docker_cli):
     result = run_module(node_facts, {"pings": {"interface": "enp1s0f1np1", "peers": {}}})
     assert result.failed and "mtu" in result["msg"], result
+
+
+def test_distributions_are_looked_up_by_running_the_python_named(run_module, tmp_path):
+    """A real run of this test's own Python, as the module runs a virtualenv's."""
+    names = ["pytest", "dsv41-no-such-distribution"]
+    result = run_module(node_facts, {"python_distributions": {"python": sys.executable, "names": names}})
+    assert not result.failed, result
+    assert result["python_distributions"] == {
+        "pytest": importlib.metadata.version("pytest"),
+        "dsv41-no-such-distribution": "",
+    }
+
+
+@pytest.mark.parametrize("python", ["missing", "dangling-link"])
+def test_a_python_that_cannot_run_has_no_distribution(run_module, tmp_path, python):
+    """A virtualenv not created yet, or one whose interpreter link broke when the system Python changed."""
+    path = tmp_path / "venv" / "bin" / "python"
+    if python == "dangling-link":
+        path.parent.mkdir(parents=True)
+        path.symlink_to(tmp_path / "python3.99")
+    result = run_module(
+        node_facts, {"python_distributions": {"python": str(path), "names": ["huggingface_hub"]}}
+    )
+    assert not result.failed, result
+    assert result["python_distributions"] == {"huggingface_hub": ""}
