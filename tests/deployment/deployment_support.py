@@ -78,7 +78,11 @@ class PlaybookRun:
 
 
 def run_playbook(
-    playbook: str, *args: str, cwd: Path = REPO, env: dict[str, str] | None = None
+    playbook: str,
+    *args: str,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    inventory: str = INVENTORY,
 ) -> tuple[PlaybookRun, float]:
     """Run a playbook (a path relative to ``cwd``, or a name from the installed collection) on the
     lab with ansible-runner, from ``cwd`` (whose ansible.cfg applies); return the run and its seconds."""
@@ -86,7 +90,7 @@ def run_playbook(
     with tempfile.TemporaryDirectory(prefix="dsv41-runner.") as private:
         argv = [
             "ansible-runner", "run", private, "--playbook", playbook, "--project-dir", str(cwd),
-            "--inventory", INVENTORY, "--ident", "run", "--quiet", f"--cmdline={shlex.join(args)}",
+            "--inventory", inventory, "--ident", "run", "--quiet", f"--cmdline={shlex.join(args)}",
         ]  # fmt: skip
         runner = subprocess.run(
             argv, text=True, capture_output=True, check=False, env=env or user_environment()
