@@ -65,6 +65,7 @@ def converge_and_rerun(checkout: Path, repeat: int) -> tuple[tuple[PlaybookRun, 
 
 def measure_baseline(commit: str, repeat: int) -> dict:
     """The no-op re-run of ``commit`` on this machine now, on its own lab (a git worktree of it)."""
+    labctl("down")  # this checkout's lab holds the addresses and ports the baseline's takes
     with tempfile.TemporaryDirectory(prefix="dsv41-baseline.") as parent:
         checkout = Path(parent) / "checkout"
         subprocess.run(

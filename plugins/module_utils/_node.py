@@ -177,3 +177,11 @@ def parse_unit_states(names: list[str], stdout: str) -> dict[str, dict[str, str]
         found = dict(line.partition("=")[::2] for line in block.splitlines() if "=" in line)
         states[name] = {key: found.get(prop, "") for prop, key in UNIT_PROPERTIES.items()}
     return states
+
+
+def unit_as_asked(state: dict[str, str], enabled: bool) -> bool:
+    """Whether a unit is as ``systemd_service`` leaves it: enabled and active when ``enabled``, else
+    disabled and not running (``inactive``, or ``failed`` from an earlier run)."""
+    if enabled:
+        return state["unit_file_state"] == "enabled" and state["active_state"] == "active"
+    return state["unit_file_state"] == "disabled" and state["active_state"] in ("inactive", "failed")

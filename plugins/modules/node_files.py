@@ -25,10 +25,10 @@ description:
   - Fails before changing anything when an entry's path is taken by something of the other kind (a
     file where a directory is wanted, or the reverse), or a file's directory is neither there nor
     in O(directories).
-  - With O(units), also reports what systemd says of the role's services (RV(units)), read after the
-    files are written, so that the task that enables and starts them need run only when one of them
-    is not as it should be or its unit file changed. A no-op re-run then costs no
-    M(ansible.builtin.systemd_service) run per service.
+  - With O(units), also reports what systemd says of the role's services and whether each is as the
+    role asks (RV(units)), read after the files are written, so that the task that enables and
+    starts them need run only when one of them is not as asked or its unit file changed. A no-op
+    re-run then costs no M(ansible.builtin.systemd_service) run per service.
   - Check mode changes nothing and reports what would change; diff mode shows each file's content
     before and after, and each directory that would be created.
 options:
@@ -110,11 +110,23 @@ options:
         type: str
   units:
     description:
-      - Systemd units whose state to report in RV(units), as C(systemctl show) gives it.
+      - Systemd units whose state to report in RV(units), as C(systemctl show) gives it, with whether
+        each is as asked.
       - Read only. Starting, stopping and enabling stay with M(ansible.builtin.systemd_service).
     type: list
-    elements: str
+    elements: dict
     default: []
+    suboptions:
+      name:
+        description: The unit's name.
+        type: str
+        required: true
+      enabled:
+        description:
+          - Whether the role wants the unit enabled and running (as M(ansible.builtin.systemd_service)
+            with C(enabled=true) and C(state=started) leaves it), or disabled and not running.
+        type: bool
+        default: true
 notes:
   - The contents of O(files) appear in diffs; give secrets in O(secret_files). The API key, which
     this collection generates, has M(sparkserve.dsv41.api_key).
@@ -151,7 +163,8 @@ EXAMPLES = r"""
         mode: "0644"
         owner: root
         group: root
-    units: [dsv41-memguard.service]
+    units:
+      - name: dsv41-memguard.service
   become: true
   register: memguard_files
   notify: Restart the memory guard
@@ -163,10 +176,7 @@ EXAMPLES = r"""
     state: started
     daemon_reload: "{{ memguard_files is changed }}"
   become: true
-  when: >-
-    memguard_files is changed
-    or memguard_files.units['dsv41-memguard.service'].active_state != 'active'
-    or memguard_files.units['dsv41-memguard.service'].unit_file_state != 'enabled'
+  when: memguard_files is changed or not memguard_files.units['dsv41-memguard.service'].as_asked
 """
 
 RETURN = r"""
@@ -180,8 +190,10 @@ units:
   description:
     - For each unit of O(units), by the name given, its C(LoadState), C(ActiveState) and
       C(UnitFileState) as C(systemctl show) reports them, after the files are written (a unit file
-      this run changed is read as systemd knew it before a reload). A unit systemd does not know is
-      C(not-found), C(inactive) and an empty C(unit_file_state).
+      this run changed is read as systemd knew it before a reload), and C(as_asked). A unit systemd
+      does not know is C(not-found), C(inactive) and an empty C(unit_file_state).
+    - C(as_asked) is true for a unit enabled (C(unit_file_state=enabled)) and C(active) when asked
+      C(enabled=true), and for one C(disabled) and C(inactive) or C(failed) when asked C(enabled=false).
   returned: always
   type: dict
   sample:
@@ -189,6 +201,7 @@ units:
       load_state: loaded
       active_state: active
       unit_file_state: enabled
+      as_asked: true
 """
 
 import os
@@ -203,7 +216,11 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     plan_text_file,
     write_atomically,
 )
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import UNIT_PROPERTIES, parse_unit_states
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
+    UNIT_PROPERTIES,
+    parse_unit_states,
+    unit_as_asked,
+)
 
 ENTRY_OPTIONS = {
     "path": {"type": "path", "required": True},
@@ -273,10 +290,12 @@ def apply_file(module: AnsibleModule, entry: dict, plan: TextFilePlan, secret: b
     return diffs
 
 
-def unit_states(module: AnsibleModule, names: list[str]) -> dict[str, dict[str, str]]:
-    """What systemd reports of the units ``names`` (one systemctl run, none for none); ValueError: why not."""
-    if not names:
+def unit_states(module: AnsibleModule, units: list[dict]) -> dict[str, dict]:
+    """What systemd reports of ``units`` and whether each is as asked (one systemctl run, none for
+    none); ValueError: why not."""
+    if not units:
         return {}
+    names = [unit["name"] for unit in units]
     systemctl = module.get_bin_path("systemctl")
     if not systemctl:
         raise ValueError("systemctl: command not found (units needs systemd)")
@@ -284,7 +303,10 @@ def unit_states(module: AnsibleModule, names: list[str]) -> dict[str, dict[str, 
     rc, stdout, stderr = module.run_command(argv)
     if rc != 0:
         raise ValueError(f"{' '.join(argv)} failed (rc {rc}): {stderr.strip() or stdout.strip()}")
-    return parse_unit_states(names, stdout)
+    states = parse_unit_states(names, stdout)
+    for unit in units:
+        states[unit["name"]]["as_asked"] = unit_as_asked(states[unit["name"]], unit["enabled"])
+    return states
 
 
 def main() -> None:
@@ -309,7 +331,15 @@ def main() -> None:
                     "content": {"type": "str", "required": True, "no_log": True},
                 },
             },
-            "units": {"type": "list", "elements": "str", "default": []},
+            "units": {
+                "type": "list",
+                "elements": "dict",
+                "default": [],
+                "options": {
+                    "name": {"type": "str", "required": True},
+                    "enabled": {"type": "bool", "default": True},
+                },
+            },
         },
         supports_check_mode=True,
     )

@@ -192,10 +192,14 @@ def test_a_rank_container_created_anew_by_hand_is_compared_in_full_and_the_group
     group starts anew with the reference arguments."""
     image = inspect(lab, "worker")["Config"]["Image"]
     before = started_at(lab, "head")
+    # The supervisor would restart the group on its own (a rank restarted alone): it is stopped
+    # first, and the run's supervisor role starts it again.
+    lab.ssh("head", "sudo systemctl stop dsv41-supervisor")
     by_hand = f"docker run -d --name dsv41-r1 --entrypoint sleep {image} infinity"
     lab.ssh("worker", f"docker rm -f dsv41-r1 && {by_hand}")
-    run, _ = site("--tags", "rank")
+    run, _ = site("--tags", "rank,supervisor")
     assert run.returncode == 0, run.stdout[-3000:]
+    assert lab.ssh("head", "systemctl is-active dsv41-supervisor", check=False).stdout.strip() == "active"
     dry_run = "Run this node's rank container (dry run, to see what would change)"
     assert [result["changed"] for result in run.results_of(dry_run, "worker")] == [True]
     assert not run.results_of(dry_run, "head"), "the head's rank runs as specified"

@@ -330,6 +330,13 @@ class Step(NamedTuple):
         return f"{self.verb} rank {self.node.rank} on {self.node.name}"
 
 
+class StepsOutcome(NamedTuple):
+    ok: bool
+    failure: str  # why a step failed ("" when none did)
+    starts_began: float | None  # when the first start ran
+    yielded: str  # why the steps stopped for a deployment run ("" when they did not)
+
+
 # --------------------------------------------------------------------------------------------
 # Config
 # --------------------------------------------------------------------------------------------
@@ -1203,11 +1210,23 @@ class Supervisor:
 
     # -- acting -----------------------------------------------------------------------------
 
-    def run_steps(self, steps: Sequence[Step]) -> tuple[bool, str, float | None]:
+    def run_steps(self, steps: Sequence[Step]) -> StepsOutcome:
         """Run the steps in order, each logged; stop at the first failure (a worker that cannot be
-        stopped cannot be started either). Returns ok, the failure, and when the starts began."""
+        stopped cannot be started either), and before any step once a deployment run holds the lock:
+        the run takes the group over, and two sequences of stops and starts would break each other's
+        rendezvous."""
         starts_began = None
         for index, step in enumerate(steps, 1):
+            lock = lock_status(
+                read_lock_mtime(self.settings.lock_path), self.clock(), self.settings.pause_max
+            )
+            if lock is LockStatus.HELD:
+                yielded = (
+                    f"a deployment run took {self.settings.lock_path} before step {index}/{len(steps)}"
+                    f" ({step.describe()}): it takes the group over"
+                )
+                self.log.write("yield", yielded)
+                return StepsOutcome(False, "", starts_began, yielded)
             if step.verb == "start" and starts_began is None:
                 starts_began = self.clock()
             result = self.run([*step.node.rankctl, step.verb], self.settings.rankctl_action_timeout)
@@ -1216,14 +1235,29 @@ class Supervisor:
                 "step", f"{index}/{len(steps)} {step.describe()}: {'ok' if ok else 'FAILED'} ({detail})"
             )
             if not ok:
-                return False, f"{step.describe()} failed: {detail}", starts_began
-        return True, "", starts_began
+                return StepsOutcome(False, f"{step.describe()} failed: {detail}", starts_began, "")
+        return StepsOutcome(True, "", starts_began, "")
+
+    def yield_to_run(self, memory: Memory, reason: str, last_action: tuple[float, str, str]) -> Memory:
+        """Paused mid-sequence: after the run, the group is looked at afresh (and adopted), as after
+        any pause; no failed attempt is counted."""
+        paused = Decision(Action.NONE, State.PAUSED, reason, 0)
+        self.log_decision(paused)
+        return dataclasses.replace(
+            self.enter(memory, paused, self.clock()),
+            needs_adoption=True,
+            group_started=None,
+            baseline={},
+            last_action=last_action,
+        )
 
     def restart_group(self, decision: Decision, memory: Memory) -> Memory:
         self.write_state(dataclasses.replace(memory, state=State.RESTARTING, reason=decision.reason))
-        ok, failure, starts_began = self.run_steps(restart_plan(self.settings))
+        ok, failure, starts_began, yielded = self.run_steps(restart_plan(self.settings))
         now = self.clock()
         last_action = (now, Action.RESTART.value, decision.reason)
+        if yielded:
+            return self.yield_to_run(memory, yielded, last_action)
         if not ok:
             failed = failed_attempt(decision.attempts, f"group restart: {failure}", now, self.settings)
             self.log_decision(failed)
@@ -1247,10 +1281,12 @@ class Supervisor:
         )
 
     def stop_group(self, decision: Decision, memory: Memory) -> Memory:
-        ok, failure, _steps = self.run_steps(stop_plan(self.settings))
+        ok, failure, _starts_began, yielded = self.run_steps(stop_plan(self.settings))
+        now = self.clock()
+        if yielded:
+            return self.yield_to_run(memory, yielded, (now, Action.STOP.value, decision.reason))
         if not ok:  # the restart after the wait stops again; say so now
             self.log.write("error", f"stopping the group: {failure}")
-        now = self.clock()
         # needs_adoption off: a stopped group is not adopted; the wait decides when it starts.
         return dataclasses.replace(
             self.enter(memory, decision, now),

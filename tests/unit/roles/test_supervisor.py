@@ -1729,6 +1729,41 @@ def test_deployment_lock_pauses_then_the_group_is_adopted_again(h: Harness) -> N
     assert "healthy action=adopt" in h.log_lines("decision")[-1]
 
 
+def test_a_restart_stops_before_its_next_step_once_a_run_takes_the_lock_and_adopts_the_runs_group(
+    h: Harness,
+) -> None:
+    """A run that takes the lock while the supervisor restarts the group takes the group over: two
+    sequences of stops and starts would break each other's rendezvous (seen on the lab)."""
+    h.adopt_healthy()
+    lock = h.state_dir / "deployment.lock"
+
+    def run_then_a_run_takes_the_lock(argv: Sequence[str], timeout: float) -> Any:
+        result = h.cluster(argv, timeout)
+        if argv[-1] == "stop" and not lock.exists():
+            lock.write_text("site.yml\n")
+            os.utime(lock, (h.clock.now, h.clock.now))
+        return result
+
+    h.sup.run = run_then_a_run_takes_the_lock
+    h.worker.die(1)
+    h.tick()
+    assert h.cluster.actions() == [("spark-a", "stop")], "nothing after the lock was taken"
+    assert h.sup.memory.state is sup.State.PAUSED and h.sup.memory.attempts == 0
+    assert h.log_lines("yield")[-1].endswith(
+        f"a deployment run took {lock} before step 2/4 (stop rank 1 on spark-b): it takes the group over"
+    )
+    # The run restarts the group and gives the lock back: the supervisor adopts what it left.
+    h.worker.state = h.head.state = "running"
+    h.worker.started_at = iso(h.clock.now)
+    h.head.started_at = iso(h.clock.now + 1)
+    h.api.health = 200
+    lock.unlink()
+    h.tick()
+    assert h.cluster.actions() == [("spark-a", "stop")], "adopted, not restarted"
+    assert h.sup.memory.state is sup.State.HEALTHY and h.sup.memory.attempts == 0
+    assert "healthy action=adopt" in h.log_lines("decision")[-1]
+
+
 def test_a_supervisor_that_gave_up_looks_again_after_a_run_however_short(h: Harness) -> None:
     h.adopt_healthy()
     h.worker.fail.add("start")

@@ -15,6 +15,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     ping_argv,
     ping_failure,
     present_images,
+    unit_as_asked,
     user_facts,
 )
 
@@ -305,3 +306,27 @@ FOUND = {"huggingface_hub": "2.4.0", "requests": ""}
 )
 def test_distribution_versions_are_by_the_names_asked_empty_when_unknown(rc, stdout, expected):
     assert distribution_versions(["huggingface_hub", "requests"], rc, stdout) == expected
+
+
+@pytest.mark.parametrize(
+    ("unit_file_state", "active_state", "enabled", "as_asked"),
+    [
+        ("enabled", "active", True, True),
+        ("enabled", "inactive", True, False),
+        ("enabled", "failed", True, False),
+        ("disabled", "active", True, False),
+        # Enabled at runtime only (systemctl enable --runtime): gone after a reboot.
+        ("enabled-runtime", "active", True, False),
+        ("", "inactive", True, False),  # not found
+        ("disabled", "inactive", False, True),
+        ("disabled", "failed", False, True),
+        ("disabled", "active", False, False),
+        ("enabled", "inactive", False, False),
+        ("disabled", "activating", False, False),
+    ],
+)
+def test_a_unit_is_as_asked_only_in_the_state_systemd_service_leaves_it(
+    unit_file_state, active_state, enabled, as_asked
+):
+    state = {"load_state": "loaded", "active_state": active_state, "unit_file_state": unit_file_state}
+    assert unit_as_asked(state, enabled) is as_asked

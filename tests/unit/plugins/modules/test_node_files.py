@@ -231,7 +231,7 @@ def systemctl(monkeypatch):
 
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_the_units_are_read_once_after_the_files(run_module, systemctl, tmp_path, check_mode):
-    args = {**install_args(tmp_path), "units": ["dsv41-memguard.service"]}
+    args = {**install_args(tmp_path), "units": [{"name": "dsv41-memguard.service"}]}
     result = run_module(node_files, args, check_mode=check_mode)
     assert not result.failed, result
     assert result["changed"] is True
@@ -240,11 +240,28 @@ def test_the_units_are_read_once_after_the_files(run_module, systemctl, tmp_path
             "load_state": "loaded",
             "active_state": "active",
             "unit_file_state": "enabled",
+            "as_asked": True,
         }
     }
     assert systemctl["ran"] == [
         [SYSTEMCTL, "show", "--property=Id,LoadState,ActiveState,UnitFileState", "dsv41-memguard.service"]
     ]
+
+
+# The supervisor stopped and disabled by hand, on the lab's head.
+SUPERVISOR_SHOWN = (
+    "Id=dsv41-supervisor.service\nLoadState=loaded\nActiveState=inactive\nUnitFileState=disabled\n"
+)
+
+
+@pytest.mark.parametrize(("enabled", "as_asked"), [(True, False), (False, True)])
+def test_a_unit_is_as_asked_when_systemd_reports_what_the_role_wants(
+    run_module, systemctl, tmp_path, enabled, as_asked
+):
+    systemctl["answer"] = (0, SUPERVISOR_SHOWN, "")
+    units = [{"name": "dsv41-supervisor.service", "enabled": enabled}]
+    result = run_module(node_files, {**install_args(tmp_path), "units": units})
+    assert result["units"]["dsv41-supervisor.service"]["as_asked"] is as_asked
 
 
 def test_without_units_systemctl_is_not_asked(run_module, systemctl, tmp_path):
@@ -271,7 +288,7 @@ def test_without_units_systemctl_is_not_asked(run_module, systemctl, tmp_path):
 def test_units_systemd_cannot_report_fail_naming_why_and_what_changed(run_module, systemctl, tmp_path, case):
     installed, answer, message = case
     systemctl.update(installed=installed, answer=answer)
-    result = run_module(node_files, {**install_args(tmp_path), "units": ["dsv41-memguard.service"]})
+    result = run_module(node_files, {**install_args(tmp_path), "units": [{"name": "dsv41-memguard.service"}]})
     assert result.failed
     assert message in result["msg"]
     # The files were written before the units were read: the result says so.
