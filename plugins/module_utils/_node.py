@@ -89,10 +89,10 @@ def parse_container_states(names: list[str], stdout: str) -> dict[str, dict[str,
     """
     found = {}
     for line in stdout.splitlines():
-        name, _bar, rest = line.partition("|")
-        status, bar, labels_json = rest.partition("|")
-        if not bar:
+        fields = line.split("|", 2)
+        if len(fields) != 3:
             continue
+        name, status, labels_json = fields
         try:
             labels = json.loads(labels_json)
         except ValueError:
