@@ -1243,13 +1243,7 @@ class Supervisor:
         any pause; no failed attempt is counted."""
         paused = Decision(Action.NONE, State.PAUSED, reason, 0)
         self.log_decision(paused)
-        return dataclasses.replace(
-            self.enter(memory, paused, self.clock()),
-            needs_adoption=True,
-            group_started=None,
-            baseline={},
-            last_action=last_action,
-        )
+        return dataclasses.replace(self.pause(memory, paused, self.clock()), last_action=last_action)
 
     def restart_group(self, decision: Decision, memory: Memory) -> Memory:
         self.write_state(dataclasses.replace(memory, state=State.RESTARTING, reason=decision.reason))
@@ -1294,6 +1288,14 @@ class Supervisor:
             last_action=(now, Action.STOP.value, decision.reason),
         )
 
+    @classmethod
+    def pause(cls, memory: Memory, decision: Decision, now: float) -> Memory:
+        """The memory while a deployment run holds the lock: whatever the run does, the group is
+        looked at afresh afterwards, as after a service start."""
+        return dataclasses.replace(
+            cls.enter(memory, decision, now), needs_adoption=True, group_started=None, baseline={}
+        )
+
     @staticmethod
     def enter(memory: Memory, decision: Decision, now: float) -> Memory:
         """The memory once a decision's state holds."""
@@ -1332,11 +1334,9 @@ class Supervisor:
                 last_progress=now,
                 last_action=(now, Action.ADOPT.value, decision.reason),
             )
-        entered = self.enter(memory, decision, now)
         if decision.state is State.PAUSED:
-            # Whatever the run did, look at the group afresh afterwards, as after a service start.
-            return dataclasses.replace(entered, needs_adoption=True, group_started=None, baseline={})
-        return entered
+            return self.pause(memory, decision, now)
+        return self.enter(memory, decision, now)
 
     def step(self) -> None:
         """One tick: look, decide, act, record."""
