@@ -11,7 +11,7 @@ export PATH := $(BIN):$(PATH)
 export HF_HUB_DISABLE_XET := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: lab lab-up lab-down test lint sanity unit standins lab-test molecule deps engine
+.PHONY: lab lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools
 
 deps: $(VENV)/.installed
 
@@ -20,7 +20,11 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(BIN)/pip install --quiet --requirement requirements-dev.txt
 	touch $@
 
-engine:
+# apt takes one install at a time: both targets that may install need this one first.
+tools:
+	python3 lab/labctl.py tools
+
+engine: tools
 	python3 lab/labctl.py engine
 
 lab: deps lab-up
@@ -53,7 +57,8 @@ sanity: deps
 	pip install --quiet --requirement tests/sanity/requirements.txt
 	tests/sanity/run.sh
 
-unit: deps
+# checkpoint_copy's tests run the real rsync.
+unit: deps tools
 	pytest tests/unit
 
 # The lab's stand-ins as real processes on loopback (engine, hub, smoke and bench against them).

@@ -161,6 +161,15 @@ def apt_install(*packages: str) -> None:
     run(["apt-get", "install", "-y", "-qq", *missing], env=env)
 
 
+# What this machine needs to reach the nodes the way a controller does (SSH), and what the unit
+# tests of checkpoint_copy run for real (rsync).
+CONTROLLER_PACKAGES = ("openssh-client", "rsync")
+
+
+def ensure_controller_tools() -> None:
+    apt_install(*CONTROLLER_PACKAGES)
+
+
 def ensure_engine() -> None:
     """Start a Docker engine on this machine unless one answers already."""
     if docker_ok("info"):
@@ -699,8 +708,7 @@ def up(args: argparse.Namespace) -> None:
     started = time.monotonic()
     STATE.mkdir(parents=True, exist_ok=True)
     ensure_engine()
-    # This machine reaches the nodes the way a controller does: SSH, and rsync for tests.
-    apt_install("openssh-client", "rsync")
+    ensure_controller_tools()
     nodes = nodes_for(args.workers)
     node_ref = node_image()
     engine_ref = engine_image()
@@ -783,6 +791,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("status", help="show the lab").set_defaults(func=status)
     commands.add_parser("engine", help="only make sure a Docker engine answers").set_defaults(
         func=lambda _a: ensure_engine()
+    )
+    commands.add_parser("tools", help="only install the controller's tools (ssh, rsync)").set_defaults(
+        func=lambda _a: ensure_controller_tools()
     )
     args = parser.parse_args(argv)
     try:

@@ -20,8 +20,6 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._rsync import rsy
 from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_copy
 from dir_snapshot import snapshot
 
-pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="needs rsync")
-
 
 def checkpoint(root: Path) -> Path:
     """A small checkpoint directory as the head holds it after the download and the rebuild."""
