@@ -11,13 +11,13 @@ export PATH := $(BIN):$(PATH)
 export HF_HUB_DISABLE_XET := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: lab lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools
+.PHONY: lab lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools images
 
 deps: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --requirement requirements-dev.txt
+	$(BIN)/pip install --quiet --no-compile --requirement requirements-dev.txt
 	touch $@
 
 # apt takes one install at a time: both targets that may install need this one first.
@@ -26,6 +26,10 @@ tools:
 
 engine: tools
 	python3 lab/labctl.py engine
+
+# The lab's images (two debootstraps on a new machine), built beside the checks that need no lab.
+images: engine
+	python3 lab/labctl.py images
 
 lab: deps lab-up
 	ansible-playbook site.yml -i inventory/lab
@@ -36,11 +40,11 @@ lab-up:
 lab-down:
 	python3 lab/labctl.py down
 
-# The checks that need no lab run side by side (each keeps about one core busy; make prints each
-# one's output whole when it ends), then the suites that measure time, one at a time: the
-# stand-ins' throughput tests fail when they share the cores.
+# The checks that need no lab run side by side with the build of the lab's images (each keeps
+# about one core busy; make prints each one's output whole when it ends), then the suites that
+# measure time, one at a time: the stand-ins' throughput tests fail when they share the cores.
 test: deps
-	$(MAKE) --jobs --output-sync=target engine lint sanity unit
+	$(MAKE) --jobs --output-sync=target images lint sanity unit
 	$(MAKE) standins lab-test molecule
 
 lint: deps

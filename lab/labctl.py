@@ -264,6 +264,12 @@ def engine_image() -> str:
     return ref
 
 
+def build_images() -> tuple[str, str]:
+    """The node's and the engine's images, built where missing: (node, engine)."""
+    ensure_engine()
+    return node_image(), engine_image()
+
+
 # --- background processes on this machine (registry, hub) ----------------------------------
 
 
@@ -710,8 +716,7 @@ def up(args: argparse.Namespace) -> None:
     ensure_engine()
     ensure_controller_tools()
     nodes = nodes_for(args.workers)
-    node_ref = node_image()
-    engine_ref = engine_image()
+    node_ref, engine_ref = build_images()
     ensure_network(MGMT[0], MGMT[1], MGMT[2])
     for network, subnet, gateway, _ifname, _hca in FABRICS:
         ensure_network(network, subnet, gateway, FABRIC_MTU)
@@ -794,6 +799,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands.add_parser("tools", help="only install the controller's tools (ssh, rsync)").set_defaults(
         func=lambda _a: ensure_controller_tools()
+    )
+    commands.add_parser("images", help="only build the lab's images that are missing").set_defaults(
+        func=lambda _a: build_images()
     )
     args = parser.parse_args(argv)
     try:

@@ -308,6 +308,7 @@ def test_logs_name_the_variable_when_the_rank_does_not_exist():
         ("deployment_image=registry.example/dsv41:latest", "deployment_image"),
         ("rank_kv_cache_memory_bytes=-1", "rank_kv_cache_memory_bytes"),
         ("rank_master_port=0", "rank_master_port"),
+        ("rank_poll_seconds=0", "rank_poll_seconds 0 (>= 1)"),
         ("deployment_worker_group=nobody", "deployment_worker_group"),
         (
             '{"preflight_required_commands": ["rsync", "dsv41-no-such-tool"]}',

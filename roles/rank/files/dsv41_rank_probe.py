@@ -1,7 +1,10 @@
-"""One look at a rank during start-up: is the API ready, or is this node's rank gone?
+"""A look at a rank during start-up: is the API ready, or is this node's rank gone?
+
+It looks every second for up to ``--wait-seconds`` (0: once) and exits at the first answer, so a
+rank that becomes ready is seen within a second, not at the role's next poll.
 
 Exit 0: the API answers (``--health-url`` 200, and ``--models-url`` 200 with the key when given).
-Exit 1: still starting; ask again later.
+Exit 1: still starting when the time was up; ask again.
 Exit 2: this node's rank container is not running, or restarted more often than
 ``--restarts-before`` (its count when the role started it): start-up failed, waiting is pointless.
 
@@ -15,10 +18,13 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 READY, STARTING, GONE = 0, 1, 2
+LOOK_INTERVAL_S = 1.0
 
 
 def http_ok(url: str, key: str | None = None) -> bool:
@@ -52,6 +58,23 @@ def gone_reason(state: dict | None, name: str, restarts_before: int = 0) -> str 
     return None
 
 
+def watch(
+    look: Callable[[], tuple[int, str]],
+    wait_seconds: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[int, str]:
+    """Look until the answer is READY or GONE, or ``wait_seconds`` have passed (at least one look)."""
+    deadline = clock() + wait_seconds
+    while True:
+        code, message = look()
+        remaining = deadline - clock()
+        if code != STARTING or remaining <= 0:
+            return code, message
+        sleep(min(LOOK_INTERVAL_S, remaining))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--container", required=True)
@@ -59,22 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-url")
     parser.add_argument("--key-file")
     parser.add_argument("--restarts-before", type=int, default=0)
+    parser.add_argument("--wait-seconds", type=float, default=0.0)
     parser.add_argument("--docker", default="docker")
     args = parser.parse_args(argv)
     key = None
     if args.key_file:
         with open(args.key_file, encoding="utf-8") as handle:
             key = handle.read().strip()
-    ready = http_ok(args.health_url) and (not args.models_url or http_ok(args.models_url, key))
-    if ready:
-        print("ready")
-        return READY
-    reason = gone_reason(container_state(args.docker, args.container), args.container, args.restarts_before)
-    if reason:
-        print(reason)
-        return GONE
-    print("starting")
-    return STARTING
+
+    def look() -> tuple[int, str]:
+        if http_ok(args.health_url) and (not args.models_url or http_ok(args.models_url, key)):
+            return READY, "ready"
+        state = container_state(args.docker, args.container)
+        reason = gone_reason(state, args.container, args.restarts_before)
+        return (GONE, reason) if reason else (STARTING, "starting")
+
+    code, message = watch(look, args.wait_seconds)
+    print(message)
+    return code
 
 
 if __name__ == "__main__":

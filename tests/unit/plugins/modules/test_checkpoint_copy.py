@@ -14,7 +14,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._rsync import rsync_argv
 from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_copy
