@@ -1,8 +1,9 @@
 """The collection's role defaults as a play sees them, for tests that hold them against the reference.
 
-A role's ``defaults/main.yml`` is plain YAML values, except a few templates over other defaults
-(``deployment_api_key_file``, ``pi_model_id``): those are rendered here with Jinja2's native types, as
-Ansible does, against the defaults of the roles loaded together.
+A role's ``defaults/main.yml`` is plain YAML values, except templates over other defaults
+(``deployment_api_key_file``, ``pi_model_id``) and over the model recipe (``deployment_recipe_spec``, which a
+play reads with the ``recipe`` lookup): those are rendered here with Jinja2's native types, as Ansible does,
+against the defaults of the roles loaded together and the recipe ``deployment_recipe`` names.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import load_named
 from jinja2.nativetypes import NativeEnvironment
 
 ROLES = Path(__file__).resolve().parent.parent / "roles"
@@ -23,6 +25,8 @@ def role_defaults(*roles: str) -> dict[str, Any]:
     defaults: dict[str, Any] = {}
     for role in roles:
         defaults.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {})
+    if "deployment_recipe_spec" in defaults:
+        defaults["deployment_recipe_spec"] = load_named(defaults["deployment_recipe"])
     environment = NativeEnvironment()
     for _ in range(len(defaults)):  # a template over a template resolves on a later pass
         templates = {

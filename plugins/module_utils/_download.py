@@ -173,6 +173,48 @@ def ignore_patterns(
     ]
 
 
+# --------------------------------------------------------------------------- the hub's manifest
+
+# The hub's ETag of an LFS file is the sha256 of its content (a small file's is its git blob id).
+_SHA256 = frozenset("0123456789abcdef")
+
+
+def hub_manifest_text(etags: dict[str, str]) -> str:
+    """A ``sha256sum``-format manifest of every file the hub keeps in LFS (the weights), for a
+    checkpoint that ships none: ``checkpoint_shards`` verifies the download and each copy against it."""
+    lines = [
+        f"{etag}  {path}"
+        for path, etag in sorted(etags.items())
+        if len(etag) == 64 and set(etag) <= _SHA256 and "\n" not in path
+    ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def plan_hub_manifest(hub: Hub, repo_id: str, revision: str | None, model_dir: str, name: str) -> str | None:
+    """The manifest text to write as ``<model_dir>/<name>``, or None when the one there is the same.
+
+    Raises :class:`DownloadError` when the hub does not list the repo or lists no LFS file: a
+    checkpoint nothing can be verified against is not deployed.
+    """
+    try:
+        etags = hub.etags(repo_id, revision)
+    except Exception as exc:  # the hub's errors are many; any of them means no manifest
+        raise DownloadError(
+            f"the hub did not list {repo_id} for its files' sha256 ({_first_line(exc)})"
+        ) from exc
+    text = hub_manifest_text(etags)
+    if not text:
+        raise DownloadError(
+            f"the hub lists no LFS file of {repo_id} (revision {revision or 'main'}), so no sha256 to verify"
+            " the checkpoint against; give the recipe a checkpoint.manifest shipped in the repository"
+        )
+    try:
+        current = read_text(os.path.join(model_dir, name), lenient=True)
+    except FileContentError:
+        current = None
+    return None if current == text else text
+
+
 # --------------------------------------------------------------------------- the model directory
 
 

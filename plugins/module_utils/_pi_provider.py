@@ -29,7 +29,6 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     load_json_object,
 )
 
-PROVIDER_DISPLAY_NAME = "DeepSeek-V4.1-Flash on DGX Sparks"
 MODEL_DISPLAY_NAME = "DeepSeek-V4.1-Flash"
 MODELS_FILE = "models.json"
 SETTINGS_FILE = "settings.json"
@@ -101,31 +100,36 @@ def provider_entry(
     model_id: str,
     context_window: int,
     max_tokens: int,
+    model_name: str = MODEL_DISPLAY_NAME,
+    reasoning: bool = True,
+    input_kinds: tuple[str, ...] | list[str] = ("text", "image"),
 ) -> dict[str, Any]:
-    """The complete ``providers.<name>`` entry."""
+    """The complete ``providers.<name>`` entry (the defaults are the DeepSeek recipe's model)."""
     for option, value in (("context_window", context_window), ("max_tokens", max_tokens)):
         if value <= 0:
             raise PiConfigError(f"{option} must be a positive number of tokens, got {value}")
     if not model_id.strip():
         raise PiConfigError("model_id must not be empty")
+    if not input_kinds or any(kind not in ("text", "image") for kind in input_kinds):
+        raise PiConfigError(f"input must name text and/or image, got {list(input_kinds)}")
+    model = {
+        "id": model_id,
+        "name": model_name,
+        "reasoning": reasoning,
+        "input": list(input_kinds),
+        "contextWindow": context_window,
+        "maxTokens": max_tokens,
+        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+        "compat": dict(COMPAT),
+    }
+    if reasoning:
+        model["thinkingLevelMap"] = dict(THINKING_LEVEL_MAP)
     return {
-        "name": PROVIDER_DISPLAY_NAME,
+        "name": f"{model_name} on DGX Sparks",
         "baseUrl": normalise_base_url(base_url),
         "api": "openai-completions",
         "apiKey": api_key_reference(api_key_env),
-        "models": [
-            {
-                "id": model_id,
-                "name": MODEL_DISPLAY_NAME,
-                "reasoning": True,
-                "input": ["text", "image"],
-                "contextWindow": context_window,
-                "maxTokens": max_tokens,
-                "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
-                "compat": dict(COMPAT),
-                "thinkingLevelMap": dict(THINKING_LEVEL_MAP),
-            }
-        ],
+        "models": [model],
     }
 
 

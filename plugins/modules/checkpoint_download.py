@@ -70,6 +70,14 @@ options:
     type: list
     elements: path
     default: []
+  manifest_from_hub:
+    description:
+      - For a checkpoint that ships no manifest, write one as C(<model_dir>/<manifest_from_hub>) - a
+        C(sha256sum)-format line for every file the hub keeps in LFS, whose sha256 the hub lists - for
+        M(sparkserve.dsv41.checkpoint_shards) to verify the download and each worker's copy against.
+        Written only when it differs (RV(manifest_written)); empty writes none.
+    type: str
+    default: ""
   state_file:
     description:
       - The verification records of M(sparkserve.dsv41.checkpoint_shards), read to find the shards
@@ -157,6 +165,10 @@ model_dir:
   returned: always
   type: str
   sample: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+manifest_written:
+  description: Whether O(manifest_from_hub) was (or in check mode would be) written.
+  returned: when O(manifest_from_hub) is set
+  type: bool
 ignore_patterns:
   description: The parts not fetched, because their shard is rebuilt and verified.
   returned: always
@@ -231,9 +243,11 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._download import 
     hub_environment,
     ignore_patterns,
     link_revision,
+    plan_hub_manifest,
     read_token,
     run_download,
 )
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import write_atomically
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import ProgressWriter
 
 
@@ -249,6 +263,7 @@ def main() -> None:
             "state_file": {"type": "path"},
             "progress_file": {"type": "path"},
             "link_from": {"type": "list", "elements": "path", "default": []},
+            "manifest_from_hub": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -297,6 +312,15 @@ def main() -> None:
                 workers=params["workers"],
                 progress=progress,
             )
+        if params["manifest_from_hub"]:
+            manifest = plan_hub_manifest(
+                hub, params["repo_id"], revision, model_dir, params["manifest_from_hub"]
+            )
+            result["manifest_written"] = manifest is not None
+            if manifest is not None and not module.check_mode:
+                write_atomically(
+                    module, os.path.join(model_dir, params["manifest_from_hub"]), manifest.encode(), 0o644
+                )
     except HubMissing as exc:
         module.fail_json(
             msg=f"{missing_required_lib('huggingface_hub')} ({exc}) The sparkserve.dsv41.checkpoint role "
@@ -308,7 +332,9 @@ def main() -> None:
         module.fail_json(msg=str(exc), **result)
     except OSError as exc:
         module.fail_json(msg=f"cannot create {exc.filename or model_dir}: {exc.strerror or exc}", **result)
+    manifest_written = result.get("manifest_written", False)
     result.update(report)
+    result["changed"] = result["changed"] or manifest_written
     result["seconds"] = round(time.monotonic() - started, 3)
     module.exit_json(**result)
 

@@ -51,6 +51,20 @@ options:
     description: Maximum output tokens Pi assumes for the model.
     type: int
     default: 262144
+  model_name:
+    description: The model's display name in Pi; the provider is shown as C(<model_name> on DGX Sparks).
+    type: str
+    default: DeepSeek-V4.1-Flash
+  reasoning:
+    description: Whether the model reasons (Pi then sends C(reasoning_effort), mapped by C(thinkingLevelMap)).
+    type: bool
+    default: true
+  input:
+    description: What the model takes in.
+    type: list
+    elements: str
+    choices: [text, image]
+    default: [text, image]
   api_key_env:
     description: Environment variable Pi reads the bearer key from at request time.
     type: str
@@ -164,6 +178,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     write_atomically,
 )
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._pi_provider import (
+    MODEL_DISPLAY_NAME,
     MODELS_FILE,
     SETTINGS_FILE,
     PiConfigError,
@@ -188,6 +203,14 @@ def main() -> None:
             "model_id": {"type": "str", "default": "deepseek-v4.1-flash"},
             "context_window": {"type": "int", "default": 262144},
             "max_tokens": {"type": "int", "default": 262144, "no_log": False},  # a token count
+            "model_name": {"type": "str", "default": MODEL_DISPLAY_NAME},
+            "reasoning": {"type": "bool", "default": True},
+            "input": {
+                "type": "list",
+                "elements": "str",
+                "choices": ["text", "image"],
+                "default": ["text", "image"],
+            },
             # A variable's name, not the key.
             "api_key_env": {"type": "str", "default": "DSV41_API_KEY", "no_log": False},
             "config_dir": {"type": "path"},
@@ -212,6 +235,9 @@ def main() -> None:
             model_id=params["model_id"],
             context_window=params["context_window"],
             max_tokens=params["max_tokens"],
+            model_name=params["model_name"],
+            reasoning=params["reasoning"],
+            input_kinds=params["input"],
         )
         plan = plan_pi_config(
             config_dir,

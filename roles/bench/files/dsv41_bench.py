@@ -50,14 +50,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-# The original's numbers on two GB10 Sparks with the reference configuration (mission.md).
-REFERENCE = {
-    "prefill_8k": 2050.0,
-    "prefill_32k": 2061.0,
-    "decode_prose_c1": 29.0,
-    "decode_code_c1": 40.0,
-    "decode_code_c2_aggregate": 60.0,
-}
 PROMPTS = {
     "prose": (
         "Write a long, vivid essay about the history of tea: where it was first grown, how it "
@@ -222,11 +214,15 @@ def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         lines += [f"**Incomplete ({status}{why})**: the measurements done so far.", ""]
     lines += ["| tok/s | measured | reference | measured / reference |", "|---|---:|---:|---:|"]
     for name, stats in summary.items():
-        reference = REFERENCE.get(name)
+        reference = meta.get("reference", {}).get(name)
         ratio = f"{stats['median'] / reference:.2f}" if reference else "-"
         shown = f"{reference:g}" if reference else "-"
         lines.append(f"| {label(name)} | {stats['median']:.1f} | {shown} | {ratio} |")
-    lines += ["", "Reference: the original on two DGX Spark (GB10) nodes with the reference configuration."]
+    if meta.get("reference"):
+        lines += [
+            "",
+            "Reference: the recipe's figures (the model on two DGX Spark nodes, as its recipe reports).",
+        ]
     if meta.get("label"):
         lines.append(f"Note: {meta['label']}")
     return "\n".join(lines) + "\n"
@@ -252,7 +248,7 @@ def chart(summary: dict[str, dict[str, Any]], meta: dict[str, Any], path: Path) 
     for axis, (title, names) in zip(axes[0], groups, strict=True):
         positions = range(len(names))
         measured = [summary[n]["median"] for n in names]
-        reference = [REFERENCE.get(n, 0.0) for n in names]
+        reference = [meta.get("reference", {}).get(n, 0.0) for n in names]
         axis.bar([p - 0.2 for p in positions], measured, 0.4, label="measured (median)", color="#2b7bba")
         axis.bar([p + 0.2 for p in positions], reference, 0.4, label="reference (2 Sparks)", color="#bbbbbb")
         for p, value in zip(positions, measured, strict=True):
@@ -523,7 +519,7 @@ class Results:
         return {
             "meta": self.meta,
             "summary": summarise(self.samples),
-            "reference": REFERENCE,
+            "reference": self.meta.get("reference", {}),
             "samples": samples,
         }
 
@@ -575,6 +571,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "repetitions": args.repetitions,
         "label": args.label,
+        "reference": args.reference,
         "status": "running",
         "measurements": 0,
         "greedy": args.greedy,
@@ -696,6 +693,19 @@ def progress_writer(path: str | None, total: int) -> Any:
     return writer
 
 
+def reference_figures(text: str) -> dict[str, float]:
+    """``--reference``: a JSON object of tok/s figures by metric name."""
+    try:
+        figures = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
+    if not isinstance(figures, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in figures.values()
+    ):
+        raise argparse.ArgumentTypeError(f"must be a JSON object of numbers, got {text!r}")
+    return {str(name): float(value) for name, value in figures.items()}
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -727,6 +737,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     go.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")
     go.add_argument("--seed", type=int, default=None, help="seed of the random prompts (default: fresh)")
     go.add_argument("--label", default="", help="a note stored with the results")
+    go.add_argument(
+        "--reference",
+        type=reference_figures,
+        default={},
+        help='figures to compare with, JSON {"prefill_8k": 2050, ...} (the recipe\'s bench.reference)',
+    )
     go.add_argument("--progress-file", help="also keep the progress document (JSON) here")
     args = parser.parse_args(argv)
     if args.command == "run":

@@ -80,7 +80,8 @@ def test_markdown_puts_each_metric_beside_its_reference():
         "decode_code_c2_aggregate": {"median": 60.0},
         "x": {"median": 1.0},
     }
-    meta = {"model": "m", "base_url": "http://h:8000/v1", "date": "d", "repetitions": 3}
+    meta = {"model": "m", "base_url": "http://h:8000/v1", "date": "d", "repetitions": 3,
+            "reference": {"prefill_8k": 2050.0, "decode_code_c2_aggregate": 60.0}}  # fmt: skip
     table = bench.markdown(summary, meta)
     assert "| prefill 8k | 1025.0 | 2050 | 0.50 |" in table
     assert "| decode code, 2 streams, aggregate | 60.0 | 60 | 1.00 |" in table

@@ -317,3 +317,18 @@ def test_redacted_masks_other_providers_credentials_only():
     assert shown["providers"]["dsv41-sparks"]["apiKey"] == "!printenv DSV41_API_KEY"
     assert "LITERAL" not in json.dumps(shown)
     assert models["providers"]["anthropic-proxy"]["apiKey"].startswith("sk-ant-")  # input unchanged
+
+
+def test_a_model_of_another_recipe_is_described_as_its_recipe_says():
+    """A model that does not reason gets no thinking levels; text-only, under its own display name."""
+    plain = entry(model_id="tiny", model_name="Tiny", reasoning=False, input_kinds=["text"])
+    (model,) = plain["models"]
+    assert plain["name"] == "Tiny on DGX Sparks"
+    assert (model["id"], model["name"], model["reasoning"], model["input"]) == ("tiny", "Tiny", False, ["text"])
+    assert "thinkingLevelMap" not in model
+
+
+@pytest.mark.parametrize("kinds", [[], ["text", "audio"]])
+def test_an_input_pi_does_not_know_is_refused(kinds):
+    with pytest.raises(PiConfigError, match="input must name text and/or image"):
+        entry(input_kinds=kinds)

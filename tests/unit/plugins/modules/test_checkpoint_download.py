@@ -8,6 +8,7 @@ fake hub client, is tested in tests/unit/plugins/module_utils/test_download.py.
 from __future__ import annotations
 
 import builtins
+import hashlib
 import importlib.util
 import json
 import sys
@@ -66,8 +67,9 @@ def download(hub, tmp_path, run_module, monkeypatch):
         monkeypatch.delenv(name, raising=False)  # restored after the test: the module sets some
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
 
-    def _run(model_dir: Path, token_file: Path, check_mode: bool = False):
+    def _run(model_dir: Path, token_file: Path, check_mode: bool = False, **extra: Any):
         args = {
+            **extra,
             "repo_id": REPO_ID,
             "model_dir": str(model_dir),
             "token_file": str(token_file),
@@ -119,7 +121,7 @@ def test_download_rebuild_and_rerun_fetch_nothing_again(hub, download, tmp_path)
     assert progress["done"] == progress["total"] == first["bytes_total"]
     assert hub["token"] not in json.dumps(first)
     documented = yaml.safe_load(checkpoint_download.RETURN)
-    assert set(documented) - {"would_download"} == set(first) - {"changed", "invocation"}
+    assert set(documented) - {"would_download", "manifest_written"} == set(first) - {"changed", "invocation"}
 
     report = rebuild(model_dir)
     assert {f["file"] for f in report["files"] if f["action"] == "rebuilt"} == {SHARD5, SHARD6}
@@ -243,3 +245,34 @@ def test_checkpoint_revision_resolves_main_to_the_commit_the_download_records(
     assert (offline["commit"], offline["changed"]) == (resolved["commit"], False)
     assert offline["warning"].startswith("the hub did not resolve")
     assert WRONG_TOKEN not in json.dumps(offline)
+
+
+def test_a_checkpoint_without_a_manifest_gets_the_hubs_sha256_of_its_weights(hub, download, tmp_path):
+    """A plain checkpoint ships no manifest: the download writes one of the hub's LFS sha256s, once."""
+    model_dir = tmp_path / "models" / "plain"
+    token_file = tmp_path / "hf-token"
+    token_file.write_text(hub["token"] + "\n")
+    name = ".sparkserve-hub-sha256.txt"
+
+    planned = download(model_dir, token_file, check_mode=True, manifest_from_hub=name)
+    assert not planned.failed, planned
+    assert planned["manifest_written"] is True and not (model_dir / name).exists()
+
+    first = download(model_dir, token_file, manifest_from_hub=name)
+    assert not first.failed, first
+    assert first["manifest_written"] is True
+    lines = (model_dir / name).read_text().splitlines()
+    listed = {path: digest for digest, path in (line.split("  ", 1) for line in lines)}
+    # Every safetensors file (the stand-in keeps them in LFS) and nothing small such as config.json.
+    on_disk = {
+        str(path.relative_to(model_dir))
+        for path in model_dir.rglob("*.safetensors*")
+        if ".cache" not in path.parts
+    }
+    assert set(listed) == on_disk and "config.json" not in listed
+    for path, digest in listed.items():
+        assert hashlib.sha256((model_dir / path).read_bytes()).hexdigest() == digest, path
+
+    again = download(model_dir, token_file, manifest_from_hub=name)
+    assert not again.failed, again
+    assert (again["changed"], again["manifest_written"]) == (False, False)

@@ -1,0 +1,76 @@
+# Copyright: sparkserve maintainers (@sparkserve)
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+"""Lookup plugin recipe: see DOCUMENTATION."""
+
+from __future__ import annotations
+
+import os
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import RecipeError, load_named
+
+DOCUMENTATION = r"""
+---
+name: recipe
+short_description: Read and check a model recipe
+version_added: 0.2.0
+author: sparkserve maintainers (@sparkserve)
+description:
+  - Returns the model recipe a C(deployment_recipe) value names, checked field by field, with every
+    optional field filled in. The deployment role reads it once per run as C(deployment_recipe_spec).
+  - A bare name is looked up as C(<dir>/recipes/<name>.yml) in each directory of O(paths) (by default
+    the host's inventory directory, each inventory source's directory, then the playbook's), then
+    among the recipes the collection ships (C(deepseek-v4.1-flash), C(vllm-generic)). A value with a
+    C(/) or ending in C(.yml) is a file, relative to the first of O(paths).
+  - A recipe that is wrong fails the lookup with every field that is wrong named.
+options:
+  _terms:
+    description: The recipe's name or file (one).
+    required: true
+    type: list
+    elements: str
+  paths:
+    description: Directories to look in before the shipped recipes.
+    type: list
+    elements: str
+"""
+
+EXAMPLES = r"""
+- name: Show the served model name of the recipe in use
+  ansible.builtin.debug:
+    msg: "{{ lookup('sparkserve.dsv41.recipe', deployment_recipe).served_model_name }}"
+"""
+
+RETURN = r"""
+_raw:
+  description: The recipe, one mapping (the README's "Recipes" section lists its fields).
+  type: list
+  elements: dict
+"""
+
+
+def default_paths(variables):
+    """The host's inventory directory, each inventory source's directory (the implicit localhost of a
+    client playbook has no inventory_dir), then the playbook's."""
+    paths = [variables["inventory_dir"]] if variables.get("inventory_dir") else []
+    for source in variables.get("ansible_inventory_sources") or []:
+        paths.append(str(source) if os.path.isdir(str(source)) else os.path.dirname(str(source)))
+    if variables.get("playbook_dir"):
+        paths.append(variables["playbook_dir"])
+    return list(dict.fromkeys(str(path) for path in paths))
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        self.set_options(var_options=variables, direct=kwargs)
+        if len(terms) != 1:
+            raise AnsibleLookupError(f"recipe takes one recipe name or file, got {len(terms)}")
+        paths = self.get_option("paths")
+        if paths is None:
+            paths = default_paths(variables or {})
+        try:
+            return [load_named(str(terms[0]), [str(path) for path in paths])]
+        except RecipeError as error:
+            raise AnsibleLookupError(str(error)) from error
