@@ -1,5 +1,6 @@
 # The two commands a new user needs (see README.md):
 #   make lab    bring the lab up and run the main job (site.yml) on it
+#   (make lab-vllm: the same two nodes serving a tiny model with the real vLLM engine, CPU build)
 #   make test   the whole suite: linters, ansible-test sanity, unit tests, the stand-ins, lab acceptance, molecule
 # Both work from a fresh clone as root: they install what they need.
 
@@ -11,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export HF_HUB_DISABLE_XET := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: lab lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools images
+.PHONY: lab lab-vllm lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools images
 
 deps: $(VENV)/.installed
 
@@ -33,6 +34,11 @@ images: engine
 
 lab: deps lab-up
 	ansible-playbook site.yml -i inventory/lab
+
+# The real engine: vLLM's CPU build and a tiny trained model, through inventory/lab-vllm and its recipe.
+lab-vllm: deps
+	python3 lab/labctl.py up --vllm
+	ansible-playbook site.yml -i inventory/lab-vllm
 
 lab-up:
 	python3 lab/labctl.py up

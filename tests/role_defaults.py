@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import load_named
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import DEFAULT_RECIPE, load_named
 from jinja2.nativetypes import NativeEnvironment
 
 ROLES = Path(__file__).resolve().parent.parent / "roles"
@@ -25,8 +25,11 @@ def role_defaults(*roles: str) -> dict[str, Any]:
     defaults: dict[str, Any] = {}
     for role in roles:
         defaults.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {})
+    # What the recipe lookup gives the roles: the deployment role's fact and the client roles' own.
+    recipe = load_named(defaults.get("deployment_recipe", DEFAULT_RECIPE))
     if "deployment_recipe_spec" in defaults:
-        defaults["deployment_recipe_spec"] = load_named(defaults["deployment_recipe"])
+        defaults["deployment_recipe_spec"] = recipe
+    context = {f"__{role}_recipe": recipe for role in roles}
     environment = NativeEnvironment()
     for _ in range(len(defaults)):  # a template over a template resolves on a later pass
         templates = {
@@ -35,5 +38,5 @@ def role_defaults(*roles: str) -> dict[str, Any]:
         if not templates:
             break
         for name, value in templates.items():
-            defaults[name] = environment.from_string(value).render(defaults)
+            defaults[name] = environment.from_string(value).render({**context, **defaults})
     return defaults

@@ -9,7 +9,7 @@ import os
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import RecipeError, load_named
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import DEFAULT_RECIPE, RecipeError, load_named
 
 DOCUMENTATION = r"""
 ---
@@ -27,7 +27,7 @@ description:
   - A recipe that is wrong fails the lookup with every field that is wrong named.
 options:
   _terms:
-    description: The recipe's name or file (one).
+    description: The recipe's name or file (one); null is the default recipe, C(deepseek-v4.1-flash).
     required: true
     type: list
     elements: str
@@ -71,6 +71,8 @@ class LookupModule(LookupBase):
         if paths is None:
             paths = default_paths(variables or {})
         try:
-            return [load_named(str(terms[0]), [str(path) for path in paths])]
+            # None (deployment_recipe unset, as on a client play's controller): the default recipe.
+            name = DEFAULT_RECIPE if terms[0] is None else str(terms[0])
+            return [load_named(name, [str(path) for path in paths])]
         except RecipeError as error:
             raise AnsibleLookupError(str(error)) from error

@@ -81,9 +81,11 @@ def supervisor_problem(
 
 def api_problems(api: dict[str, Any], supervisor_as_of: float | None) -> list[str]:
     """Why the API is not serving: ``/health`` not 200, or requests running and no new token for
-    ``hang_seconds`` - the supervisor's hang rule, with its threshold and its ``last_progress``
-    (when it last saw a new token or nothing running), as of ``supervisor_as_of`` (when it wrote
-    them; ``None`` when its state is not current, which says nothing about a hang)."""
+    ``hang_seconds`` - the supervisor's measure, with its threshold and its ``last_progress``
+    (when it last saw the engine work: a token, a prompt done, the KV cache moving during a
+    prefill, or its probe answered), as of ``supervisor_as_of`` (when it wrote them; ``None`` when
+    its state is not current, which says nothing about a hang). A frozen engine whose metrics
+    read 0 running is found by the supervisor's probe, not here."""
     problems = []
     health = api.get("health")
     if health != 200:

@@ -285,7 +285,7 @@ def test_environment_errors_name_the_variable(
 # --- rendezvous and health ----------------------------------------------------------------------
 
 
-def test_head_serves_only_after_the_worker_joined_and_fails_health_when_it_dies(
+def test_head_serves_only_after_the_worker_joined_then_answers_500_and_exits_when_it_dies(
     start_rank: Callable[..., Rank], tmp_path: Path
 ) -> None:
     files = make_node_files(tmp_path)
@@ -304,30 +304,67 @@ def test_head_serves_only_after_the_worker_joined_and_fails_health_when_it_dies(
     assert '"served_model_name": ["deepseek-v4.1-flash"]' in log and "tp 2" in log
     assert f"port {port}" in log
 
+    # As vLLM 0.32 did (measured): /health stays 200 until the next request, which gets HTTP 500
+    # "EngineCore encountered an issue", and then the API server exits.
     worker.proc.send_signal(signal.SIGKILL)
-    deadline = time.monotonic() + 6
-    while head.health() != 503 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 3
+    while "headless rank 1 lost" not in head.stderr() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert head.health() == 503
+    assert "headless rank 1 lost: connection closed" in head.stderr()
+    assert head.health() == 200
     status, body = request(head, "POST", "/v1/chat/completions", chat("What is 2 + 2?"))
-    assert status == 503 and "headless rank 1 lost" in body["error"]["message"]
-    assert "headless rank 1 lost" in head.stderr()
+    assert status == 500 and body["error"]["message"].startswith("EngineCore encountered an issue.")
+    assert head.wait(timeout=3) == 1
+    assert "engine core dead (headless rank 1 lost: connection closed): the API server exits" in head.stderr()
 
 
-def test_a_silent_worker_is_lost_after_the_heartbeat_timeout(
+def test_a_frozen_worker_freezes_the_engine_and_its_metrics_until_it_is_back(
     start_rank: Callable[..., Rank], tmp_path: Path
 ) -> None:
+    """As vLLM 0.32 did with a worker frozen by SIGSTOP (measured): /health stays 200, a request
+    never completes, /metrics keeps its last values (0 running, 0 waiting for a request that came
+    after the freeze); on SIGCONT the group answers again."""
     head, worker = start_cluster(start_rank, tmp_path)
     head.wait_healthy()
+    assert request(head, "POST", "/v1/chat/completions", chat("What is 2 + 2?"))[0] == 200
     worker.proc.send_signal(signal.SIGSTOP)  # connection stays open, heartbeats stop
     try:
-        deadline = time.monotonic() + 7
-        while head.health() != 503 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert head.health() == 503
-        assert "no heartbeat for 5 s" in head.stderr()
+        deadline = time.monotonic() + 5
+        while "silent for" not in head.stderr() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "headless rank 1 silent for 2 s with its link open" in head.stderr()
+        before = metrics_text(head)
+        answered: list[int] = []
+        thread = threading.Thread(
+            target=lambda: answered.append(
+                request(head, "POST", "/v1/chat/completions", chat("What is 3 + 4?"))[0]
+            ),
+            daemon=True,
+        )
+        thread.start()
+        time.sleep(2)
+        assert answered == [] and head.health() == 200
+        frozen = metrics_text(head)
+        assert frozen == before
+        assert "vllm:num_requests_running{" in frozen and re.search(
+            r"num_requests_running\{[^}]*\} 0\.0", frozen
+        )
+        assert re.search(r"num_requests_waiting\{[^}]*\} 0\.0", frozen)
+        assert "lost" not in head.stderr() and worker.proc.poll() is None
     finally:
         worker.proc.send_signal(signal.SIGCONT)
+    thread.join(timeout=10)
+    assert answered == [200]
+    assert "headless rank 1 is back" in head.stderr()
+    assert metrics_text(head) != before  # live again: the request that waited is counted
+
+
+def metrics_text(rank: Rank) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", rank.port, timeout=5)
+    conn.request("GET", "/metrics")
+    data = conn.getresponse().read().decode()
+    conn.close()
+    return data
 
 
 def test_worker_exits_non_zero_when_the_head_dies(start_rank: Callable[..., Rank], tmp_path: Path) -> None:

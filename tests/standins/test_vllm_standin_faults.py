@@ -10,6 +10,7 @@ leak (resident memory grows up to a cap).
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import re
 import threading
@@ -65,7 +66,7 @@ _LABEL = re.compile(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"')
 
 def parse_exposition(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Prometheus text format 0.0.4, strictly: every sample is `name{labels} value` after its
-    family's HELP and TYPE lines."""
+    family's HELP and TYPE lines (a histogram's samples are its name + _bucket, _count, _sum)."""
     helped: set[str] = set()
     typed: dict[str, str] = {}
     samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
@@ -75,13 +76,15 @@ def parse_exposition(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], 
             helped.add(line.split()[2])
         elif line.startswith("# TYPE "):
             _, _, name, kind = line.split()
-            assert kind in {"counter", "gauge"}, line
+            assert kind in {"counter", "gauge", "histogram"}, line
             typed[name] = kind
         else:
             match = _SAMPLE.match(line)
             assert match, f"not a `name{{labels}} value` sample: {line!r}"
             name, labels, value = match.groups()
-            assert name in helped and name in typed, f"{name} has no HELP/TYPE before it"
+            family = re.sub(r"_(bucket|count|sum)$", "", name)
+            family = family if typed.get(family) == "histogram" else name
+            assert family in helped and family in typed, f"{name} has no HELP/TYPE before it"
             samples[(name, frozenset(_LABEL.findall(labels)))] = float(value)
     return samples
 
@@ -241,31 +244,91 @@ def test_hang_on_rank_0_keeps_health_but_stops_tokens(
     assert head.proc.poll() is None and "fault hang" in head.stderr()
 
 
-def test_hang_on_a_headless_rank_stops_its_heartbeats_but_not_the_process(
+def test_hang_on_a_headless_rank_freezes_the_engine_and_its_metrics(
     start_rank: Callable[..., Rank], tmp_path: Path
 ) -> None:
+    """A stuck headless rank (no heartbeats, link open) is a frozen worker: rank 0 waits for it as
+    vLLM's engine does (measured with SIGSTOP on vLLM 0.32): /health 200, no request completes,
+    /metrics frozen at its last values (0 running, 0 waiting for a request that came after)."""
     head, worker = start_cluster(start_rank, tmp_path)
     head.wait_healthy()
+    complete(head, chat("What is 2 + 2?"))
     inject(worker, node_fault_file(worker), "hang")
-    wait_for(lambda: head.health() == 503, 7, "rank 0 to lose the silent rank")
-    assert "headless rank 1 lost: no heartbeat for 5 s" in head.stderr()
-    time.sleep(1.5)  # rank 0 has closed the link by now; a stuck rank does not notice
-    assert worker.proc.poll() is None
-    assert "heartbeats to rank 0 stopped" in worker.stderr()
+    wait_for(lambda: "silent for" in head.stderr(), 5, "rank 0 to notice the silent rank")
+    before = scrape(head)
+    stuck: list[BaseException] = []
+
+    def blocked_request() -> None:
+        try:
+            call(head, "POST", "/v1/chat/completions", chat("What is 3 + 4?"))
+        except OSError as exc:  # the 10 s client timeout, or the process stopped at teardown
+            stuck.append(exc)
+
+    threading.Thread(target=blocked_request, daemon=True).start()
+    time.sleep(2)
+    after = scrape(head)
+    assert after == before
+    assert value(after, RUNNING) == value(after, WAITING) == 0
+    for path in ("/health", "/version", "/v1/models"):
+        assert call(head, "GET", path)[0] == 200, path
+    assert worker.proc.poll() is None and head.proc.poll() is None
+    assert "heartbeats to rank 0 stopped" in worker.stderr() and "lost" not in head.stderr()
 
 
-def test_crash_exits_non_zero_on_either_rank(start_rank: Callable[..., Rank], tmp_path: Path) -> None:
+def test_crash_of_a_headless_rank_makes_rank_0_answer_500_once_then_exit(
+    start_rank: Callable[..., Rank], tmp_path: Path
+) -> None:
     head, worker = start_cluster(start_rank, tmp_path)
     head.wait_healthy()
     node_fault_file(worker).write_text("crash\n")
     assert worker.wait(timeout=3) == 1
     assert not node_fault_file(worker).exists()  # taken before dying: a restart comes up healthy
     assert "fault crash" in worker.stderr()
-    wait_for(lambda: head.health() == 503, 3, "rank 0 to lose the crashed rank")
-
-    node_fault_file(head).write_text("crash\n")
+    wait_for(lambda: "headless rank 1 lost" in head.stderr(), 3, "rank 0 to lose the crashed rank")
+    assert head.health() == 200  # until the next request, as vLLM's did
+    status, _, data = call(head, "POST", "/v1/chat/completions", chat("What is 2 + 2?"))
+    assert status == 500 and "EngineCore encountered an issue" in json.loads(data)["error"]["message"]
     assert head.wait(timeout=3) == 1
-    assert not node_fault_file(head).exists()
+
+
+def test_crash_of_rank_0(start_rank: Callable[..., Rank], tmp_path: Path) -> None:
+    head, faults = single_head(start_rank, tmp_path)
+    faults.write_text("crash\n")
+    assert head.wait(timeout=3) == 1
+    assert not faults.exists()
+
+
+# --- a long prefill ------------------------------------------------------------------------------
+
+
+ITERATIONS = "vllm:iteration_tokens_total_count"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+
+
+def test_a_long_prefill_moves_only_the_kv_cache(start_rank: Callable[..., Rank], tmp_path: Path) -> None:
+    """As vLLM 0.32's chunked prefill (measured): running 1, the prompt, generation and iteration
+    counters flat until the prompt is done, the KV cache usage rising; freed when it ends."""
+    head, _ = single_head(start_rank, tmp_path, STANDIN_PREFILL_TOKENS_PER_S="400", STANDIN_OUTPUT_TOKENS="4")
+    before = scrape(head)
+    prompt = " ".join(["word"] * 1200)  # 3 s of prefill
+    done: list[dict[str, Any]] = []
+    threading.Thread(target=lambda: done.append(complete(head, chat(prompt))), daemon=True).start()
+    readings = []
+    for _ in range(4):
+        time.sleep(0.5)
+        readings.append(scrape(head))
+    assert done == []
+    for reading in readings:
+        assert value(reading, RUNNING) == 1
+        for name in (PROMPT, GENERATED, ITERATIONS):
+            assert value(reading, name) == value(before, name), name
+    kv = [value(reading, KV_USAGE) for reading in readings]
+    assert all(b > a for a, b in itertools.pairwise([value(before, KV_USAGE), *kv])), kv
+    wait_for(lambda: bool(done), 5, "the answer")
+    after = scrape(head)
+    assert value(after, PROMPT) - value(before, PROMPT) == done[0]["usage"]["prompt_tokens"]
+    assert value(after, ITERATIONS) > value(before, ITERATIONS)
+    assert value(after, KV_USAGE) == 0 and value(after, RUNNING) == 0
 
 
 def test_exit_on_start_fails_every_start_until_the_file_is_removed(

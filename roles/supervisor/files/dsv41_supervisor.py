@@ -5,19 +5,29 @@ node reboot) rank 0 cannot re-admit a new one, and a rank that docker restarts a
 fails its rendezvous or hangs. Worse, the API lies: ``/health`` stays 200 while the engine is
 deadlocked, so nothing outside the engine notices. This service, on the head, watches every rank
 through ``dsv41_rankctl.py`` (locally for rank 0, through a forced-command SSH key for the
-workers) and the API's honest signals (``/metrics`` progress and a tiny completion when idle),
-and restarts the whole group in order when it must: stop the head, stop the workers, start the
-workers, start the head.
+workers) and the API's honest signals, and restarts the whole group in order when it must: stop
+the head, stop the workers, start the workers, start the head.
+
+A hang is told by progress and confirmed by a probe. Progress is any work the engine shows in
+``/metrics``: token counters, its step histogram, or the KV cache usage (a long chunked prefill
+moves nothing else). The metrics freeze with the engine (vLLM publishes them after a step), so a
+frozen rank may show 0 requests running: no progress for ``hang_seconds``, busy or not, and an idle
+engine every ``probe_interval``, send the probe (a one-token completion both ranks must serve); a
+probe that fails while the engine made no progress either is a hang. A probe that timed out while
+the KV cache kept filling queued behind a long prefill: busy, not hung. A killed worker makes the
+head answer one HTTP 500 and exit: a failed probe, then a lost rank, either way a restart.
 
 Around that: a memory-guard kill stops the whole group and waits for memory before starting it
 again (a lone survivor only wastes memory); a node whose fabric link is down (rankctl reads the
 interface's operstate and carrier) stops the whole group too, until every link is up again (no
 rank works without it, and that is no failed attempt); failed starts back off, doubling, and
 after ``max_attempts`` in a row the supervisor gives up and says why, until a deployment run takes
-the lock (or the service restarts); while a deployment run holds
-``<state_dir>/deployment.lock`` it acts on nothing; on its first look after it starts it adopts
-a group that is already serving instead of restarting it. Every decision is logged with its
-reason (stdout for journald, and a size-rotated ``supervisor.log``), and
+the lock (or the service restarts). A start that turned healthy but failed again (hang, lost
+rank) before it stayed healthy and answering for ``Settings.recovery`` is a failed start too, so a
+group that fails the same way after every restart is given up on, not restarted for ever. While a
+deployment run holds ``<state_dir>/deployment.lock`` it acts on nothing; on its first look after
+it starts it adopts a group that is already serving instead of restarting it. Every decision is
+logged with its reason (stdout for journald, and a size-rotated ``supervisor.log``), and
 ``supervisor-state.json`` says where it stands, rewritten atomically every tick.
 
 Stdlib only, Python 3.10+, runs as root under systemd. The decisions are pure functions of an
@@ -63,6 +73,12 @@ DETAIL_MAX_CHARS = 300
 METRIC_RUNNING = "vllm:num_requests_running"
 METRIC_WAITING = "vllm:num_requests_waiting"
 METRIC_GENERATED = "vllm:generation_tokens_total"
+METRIC_PROMPT = "vllm:prompt_tokens_total"
+METRIC_KV_USAGE = "vllm:kv_cache_usage_perc"
+METRIC_REQUESTS_DONE = "vllm:request_success_total"
+# vllm:iteration_tokens_total is a histogram (one observation per engine step): its count and sum.
+METRIC_ITERATIONS = "vllm:iteration_tokens_total_count"
+METRIC_ITERATION_TOKENS = "vllm:iteration_tokens_total_sum"
 
 # Every key the config may have, with its default; None marks the required ones.
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -193,6 +209,14 @@ class Settings:
         return int((self.memguard_floor_gib + self.memory_margin_gib) * GIB)
 
     @property
+    def recovery(self) -> float:
+        """How long a restarted group must stay healthy, and answer, before its failed attempts are
+        forgiven: two hang windows or probe intervals, plus a probe's timeout. A hang is confirmed
+        at most hang + a tick + probe_timeout after the last progress, so a group that hangs again
+        soon after each restart is caught before it counts as recovered."""
+        return 2 * max(self.hang, self.probe_interval) + self.probe_timeout
+
+    @property
     def head(self) -> NodeConfig:
         return self.nodes[0]
 
@@ -217,6 +241,7 @@ class Settings:
             f" interval={self.interval:g}s hang={self.hang:g}s probe_every={self.probe_interval:g}s"
             f" probe_timeout={self.probe_timeout:g}s startup_timeout={self.startup_timeout:g}s"
             f" backoff={self.backoff_initial:g}..{self.backoff_max:g}s max_attempts={self.max_attempts}"
+            f" recovered_after={self.recovery:g}s"
             f" memory_needed={format_gib(self.memory_needed)} pause_max={self.pause_max:g}s"
             f" state_dir={self.state_dir} key_file={self.api_key_file}"
         )
@@ -264,6 +289,42 @@ class Metrics(NamedTuple):
     running: float | None = None
     waiting: float | None = None
     generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    iterations: float | None = None  # engine steps (the iteration_tokens histogram's count)
+    iteration_tokens: float | None = None  # tokens those steps scheduled (its sum)
+    kv_usage: float | None = None  # 0..1 of the KV cache in use (the only series a prefill moves)
+    requests_done: float | None = None  # finished requests, every finished_reason
+
+
+# The series of each field, summed over their label sets (engines, models, finish reasons).
+METRIC_FIELDS = {
+    METRIC_RUNNING: "running",
+    METRIC_WAITING: "waiting",
+    METRIC_GENERATED: "generation_tokens",
+    METRIC_PROMPT: "prompt_tokens",
+    METRIC_ITERATIONS: "iterations",
+    METRIC_ITERATION_TOKENS: "iteration_tokens",
+    METRIC_KV_USAGE: "kv_usage",
+    METRIC_REQUESTS_DONE: "requests_done",
+}
+# Progress is any of these moving, up or down. vLLM publishes its metrics after each engine step;
+# during a long chunked prefill the token counters and the iteration histogram stay flat until the
+# prompt is done (measured on vLLM 0.32) and only the KV cache usage moves, rising chunk by chunk;
+# decoding moves the token counters; a finished request frees KV cache.
+PROGRESS_FIELDS = (
+    "generation_tokens",
+    "prompt_tokens",
+    "iterations",
+    "iteration_tokens",
+    "kv_usage",
+    "requests_done",
+)
+# These grow only once the engine has answered something: a token out, a prompt done, a request
+# finished. A group that moved them since its start has served a request.
+ANSWER_FIELDS = ("generation_tokens", "prompt_tokens", "requests_done")
+# What a head process that has just started publishes: every counter at zero, nothing in the KV
+# cache. The reference after a restart, so requests answered before the first look still count.
+FRESH = Metrics(*(0.0 for _ in Metrics._fields))
 
 
 class ProbeResult(NamedTuple):
@@ -278,11 +339,12 @@ class Observation(NamedTuple):
     ranks: tuple[RankStatus, ...]
     health: int | None
     health_detail: str
-    metrics: Metrics
+    metrics: Metrics  # read before the probe
     probe: ProbeResult | None  # None: no probe this tick
     lock: LockStatus = LockStatus.NONE
     lock_mtime: float | None = None
     lock_taken: float | None = None  # when a deployment run last took the lock (None: never)
+    metrics_after: Metrics | None = None  # read again after a failed probe (None: not read)
 
 
 class Baseline(NamedTuple):
@@ -304,8 +366,14 @@ class Memory:
     needs_adoption: bool = True  # the first look after the service (or a pause) started
     group_started: float | None = None
     baseline: Mapping[str, Baseline] = field(default_factory=dict)
-    last_tokens: float | None = None
-    last_progress: float | None = None
+    last_metrics: Metrics | None = None  # the last /metrics with progress series, measured from
+    last_progress: float | None = None  # when the engine last did any work (or answered the probe)
+    last_answered: float | None = None  # when it last answered: answer counters grew, or the probe answered
+    api_up: float | None = None  # when /health first said 200 since the group was started or adopted
+    # False from a restart until the group has stayed healthy and answering for Settings.recovery:
+    # until then a new failure is one more failed attempt, so a group that fails the same way soon
+    # after every restart is given up on instead of restarted for ever.
+    recovered: bool = True
     health_bad_since: float | None = None
     last_probe: ProbeResult | None = None
     last_action: tuple[float, str, str] | None = None
@@ -320,6 +388,7 @@ class Decision(NamedTuple):
     reason: str
     attempts: int
     backoff_until: float | None = None
+    recovered: bool | None = None  # None: as it was
 
 
 class Step(NamedTuple):
@@ -518,13 +587,39 @@ def _sample(line: str) -> tuple[str, float] | None:
 
 
 def parse_metrics(text: str) -> Metrics:
-    """The three series the supervisor watches, each summed over its label sets (engines, models)."""
+    """The series the supervisor watches (METRIC_FIELDS), each summed over its label sets."""
     sums: dict[str, float] = {}
     for line in text.splitlines():
         sample = _sample(line)
-        if sample and sample[0] in (METRIC_RUNNING, METRIC_WAITING, METRIC_GENERATED):
-            sums[sample[0]] = sums.get(sample[0], 0.0) + sample[1]
-    return Metrics(sums.get(METRIC_RUNNING), sums.get(METRIC_WAITING), sums.get(METRIC_GENERATED))
+        key = METRIC_FIELDS.get(sample[0]) if sample else None
+        if sample and key:
+            sums[key] = sums.get(key, 0.0) + sample[1]
+    return Metrics(**sums)
+
+
+def _known_pairs(before: Metrics | None, after: Metrics | None, fields: Sequence[str]) -> list[tuple]:
+    """The (before, after) values of ``fields`` that both readings have, finite: a series one of
+    them lacks says nothing, and NaN (never equal to itself) must not read as movement."""
+    if before is None or after is None:
+        return []
+    pairs = [(getattr(before, name), getattr(after, name)) for name in fields]
+    return [
+        (a, b) for a, b in pairs if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
+    ]
+
+
+def moved(before: Metrics | None, after: Metrics | None) -> bool:
+    """Whether the engine did any work between two readings (PROGRESS_FIELDS: any change)."""
+    return any(a != b for a, b in _known_pairs(before, after, PROGRESS_FIELDS))
+
+
+def answered_between(before: Metrics | None, after: Metrics | None) -> bool:
+    """Whether the engine answered something between two readings (ANSWER_FIELDS grew)."""
+    return any(b > a for a, b in _known_pairs(before, after, ANSWER_FIELDS))
+
+
+def has_progress_series(metrics: Metrics | None) -> bool:
+    return bool(_known_pairs(metrics, metrics, PROGRESS_FIELDS))
 
 
 def _optional(value: Any, kind: type) -> Any:
@@ -628,44 +723,97 @@ def backoff_delay(attempts: int, settings: Settings) -> float:
 def should_probe(
     memory: Memory, health: int | None, metrics: Metrics, now: float, settings: Settings
 ) -> bool:
-    """Probe a starting group on every tick once /health is 200 (until the probe answers), and a
-    healthy one when nothing runs and probe_interval has passed. A busy engine proves itself
-    through its token counter; a probe then would only queue behind real work."""
+    """Whether this tick sends the probe, a one-token completion that every rank must serve.
+
+    - Starting: every tick once /health is 200, until the group has answered (it turns healthy).
+    - Healthy, no progress for hang_seconds: whatever num_requests_running says. vLLM publishes its
+      metrics after an engine step, so a rank frozen mid-step freezes them at their last values:
+      running may read 0 (a request that came after the freeze is not counted) or a stale 2 while
+      nothing moves; only a request through the engine tells. Once per stall, then at the probe
+      interval: an answer is progress, a failure decides, and an inconclusive probe (401) would
+      only say the same again.
+    - Healthy and idle (nothing running, or no metrics): every probe_interval, which also finds a
+      frozen engine that no request has met yet.
+    - Busy and progressing: never; the progress proves the engine, and a probe would only queue
+      behind the work.
+    """
     if health != 200 or memory.needs_adoption:
         return False
     if memory.state is State.STARTING:
         return True
     if memory.state is not State.HEALTHY:
         return False
-    if metrics.running:  # None (no metrics) probes: the probe is then the only signal
-        return False
-    return memory.last_probe is None or now - memory.last_probe.time >= settings.probe_interval
+    last = memory.last_probe.time if memory.last_probe is not None else None
+    due = last is None or now - last >= settings.probe_interval
+    progress = now if moved(memory.last_metrics, metrics) else memory.last_progress
+    if progress is not None and now - progress >= settings.hang:
+        return due or last < progress + settings.hang  # not probed yet in this stall
+    return due and not metrics.running  # None (no metrics) probes: the probe is then the only signal
 
 
 def track(memory: Memory, obs: Observation, now: float) -> Memory:
-    """Carry the progress, health and probe history forward with this tick's observation.
+    """Carry the progress, answer, health and probe history forward with this tick's observation.
 
-    Progress is new tokens, or nothing running (idle is not stuck). Without metrics nothing is
-    known, so the last progress stays where it was: a hang that hid behind a failing /metrics is
-    caught as soon as the metrics come back.
+    Progress is any work the engine did (see PROGRESS_FIELDS), between the last look and this one,
+    or while a failed probe waited (metrics_after); a probe that answered is progress too. Idle is
+    no progress: frozen metrics read exactly like idle ones, so being idle must not hide a freeze
+    (should_probe probes an idle engine instead). Without metrics nothing is known: the reference
+    and the last progress stay where they were, and a hang that hid behind a failing /metrics is
+    still seen.
     """
-    tokens, running = obs.metrics.generation_tokens, obs.metrics.running
-    last_tokens, last_progress = memory.last_tokens, memory.last_progress
-    if tokens is not None and tokens != last_tokens:
-        last_tokens, last_progress = tokens, now
-    elif running == 0 or last_progress is None:
-        last_progress = now
+    before, after = obs.metrics, obs.metrics_after
+    reference = memory.last_metrics
+    probe_ok = obs.probe is not None and obs.probe.outcome is Probe.OK
+    progressed = probe_ok or moved(reference, before) or moved(before, after)
+    answered = probe_ok or answered_between(reference, before) or answered_between(before, after)
+    for reading in (before, after):
+        if has_progress_series(reading):
+            reference = reading
     health_bad_since = memory.health_bad_since if memory.health_bad_since is not None else now
     if obs.health == 200:
         health_bad_since = None
     return dataclasses.replace(
         memory,
-        last_tokens=last_tokens,
-        last_progress=last_progress,
+        last_metrics=reference,
+        last_progress=now if progressed or memory.last_progress is None else memory.last_progress,
+        last_answered=now if answered else memory.last_answered,
+        api_up=memory.api_up if memory.api_up is not None or obs.health != 200 else now,
         health_bad_since=health_bad_since,
         last_probe=obs.probe or memory.last_probe,
         # Frozen once it gave up: what a later run is told apart by (no clocks compared).
         lock_taken_seen=memory.lock_taken_seen if memory.state is State.GAVE_UP else obs.lock_taken,
+    )
+
+
+def probe_hung(obs: Observation) -> bool:
+    """This tick's probe failed and the engine did nothing while it waited. A probe that failed
+    while the engine progressed (the KV cache filling during a long prefill) queued behind real
+    work: busy, not hung. Metrics not read again after it count as no progress: a failed probe
+    with /metrics gone too is an API that is gone."""
+    probe = obs.probe
+    return probe is not None and probe.outcome is Probe.FAILED and not moved(obs.metrics, obs.metrics_after)
+
+
+def _metrics_words(metrics: Metrics) -> str:
+    if metrics.running is None:
+        return "no /metrics"
+    waiting = f", {metrics.waiting:g} waiting" if metrics.waiting is not None else ""
+    return f"/metrics: {metrics.running:g} running{waiting}"
+
+
+def hang_reason(obs: Observation, memory: Memory, now: float) -> str:
+    """Why a failed probe is a hang, with what the metrics said (the shape tells which hang)."""
+    assert obs.probe is not None
+    stalled = now - memory.last_progress if memory.last_progress is not None else 0.0
+    running = obs.metrics.running
+    if running is not None and running > 0:
+        return (
+            f"hang: {running:g} requests running, no new tokens for {stalled:g} s (no prompt token or"
+            f" KV cache change either), and the probe failed: {obs.probe.detail}"
+        )
+    return (
+        f"hang: the probe failed: {obs.probe.detail}; no engine progress for {stalled:g} s"
+        f" ({_metrics_words(obs.metrics)}: frozen metrics read like an idle engine)"
     )
 
 
@@ -805,26 +953,38 @@ def _fabric_stop(down: Sequence[tuple[str, Fabric]], memory: Memory) -> Decision
 
 
 def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
+    """A group started (or adopted while its API was not ready) turns healthy once the API has
+    answered a request since the start: its own probe, or any client's (the answer counters grew).
+    The failed attempts are kept until it has recovered (see _decide_healthy)."""
     fault = group_fault(obs, memory)
     if fault:
         return failed_attempt(memory.attempts, f"while starting: {fault}", now, settings)
-    probe = memory.last_probe
-    answered = probe is not None and memory.group_started is not None and probe.time >= memory.group_started
-    if obs.health == 200 and answered and probe.outcome is not Probe.FAILED:
-        note = (
-            ""
-            if probe.outcome is Probe.OK
-            else f" (probe inconclusive: {probe.detail}; /health alone counts)"
-        )
-        return Decision(
-            Action.NONE,
-            State.HEALTHY,
-            f"group healthy: every rank running, /health 200, probe answered{note}",
-            0,
-        )
     started = memory.group_started if memory.group_started is not None else memory.since
+    probe = memory.last_probe
+    probed = probe is not None and probe.time >= started
+    served = memory.last_answered is not None and memory.last_answered >= started
+    if obs.health == 200 and (served or (probed and probe.outcome is not Probe.FAILED)):
+        if probed and probe.outcome is Probe.OK:
+            how = "probe answered"
+        elif served:
+            how = "requests answered since the start"
+        else:
+            how = f"probe answered (probe inconclusive: {probe.detail}; /health alone counts)"
+        reason = f"group healthy: every rank running, /health 200, {how}"
+        return Decision(Action.NONE, State.HEALTHY, reason, memory.attempts)
+    # The API is up and the engine answers nothing: a hang right after a start is one as any other,
+    # caught within hang_seconds of the API coming up rather than at the start-up timeout.
+    if memory.api_up is not None and probe_hung(obs):
+        quiet_since = max(memory.api_up, memory.last_progress or memory.api_up)
+        if now - quiet_since >= settings.hang:
+            reason = (
+                f"while starting: hang: the API is up since {format_time(memory.api_up)} and has"
+                f" answered nothing; no engine progress for {now - quiet_since:g} s, and the probe"
+                f" failed: {obs.probe.detail}"
+            )
+            return failed_attempt(memory.attempts, reason, now, settings)
     if now - started >= settings.startup_timeout:
-        last = f"; last probe: {probe.detail}" if answered else ""
+        last = f"; last probe: {probe.detail}" if probed else ""
         return failed_attempt(
             memory.attempts,
             f"startup: not healthy within {settings.startup_timeout:g} s ({_health_words(obs)}{last})",
@@ -835,22 +995,40 @@ def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Set
 
 
 def _decide_healthy(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
-    def restart(reason: str) -> Decision:
-        return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
+    def failure(reason: str) -> Decision:
+        if memory.recovered:  # a new problem of a group that had recovered: restart it at once
+            return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
+        # Failed again before it recovered: that start did not work, whatever way it failed. A group
+        # that hangs (or loses a rank) soon after every restart is given up on after max_attempts.
+        healthy_for = f"healthy for {now - memory.since:g} s only (recovered takes {settings.recovery:g} s)"
+        return failed_attempt(memory.attempts, f"{reason}; {healthy_for}", now, settings)
 
     fault = group_fault(obs, memory)
     if fault:
-        return restart(fault)
-    running = obs.metrics.running
-    if running and memory.last_progress is not None and now - memory.last_progress >= settings.hang:
-        stalled = now - memory.last_progress
-        return restart(f"hang: {running:g} requests running, no new tokens for {stalled:g} s")
-    if obs.probe is not None and obs.probe.outcome is Probe.FAILED:
-        return restart(f"idle probe failed: {obs.probe.detail}")
+        return failure(fault)
+    if probe_hung(obs):
+        return failure(hang_reason(obs, memory, now))
     if memory.health_bad_since is not None and now - memory.health_bad_since >= settings.hang:
-        return restart(f"API {_health_words(obs)} for {now - memory.health_bad_since:g} s")
+        return failure(f"API {_health_words(obs)} for {now - memory.health_bad_since:g} s")
+    if obs.probe is not None and obs.probe.outcome is Probe.FAILED:
+        reason = (
+            f"group healthy: the probe failed ({obs.probe.detail}) while the engine made progress:"
+            " busy (a long prefill?), not hung"
+        )
+        return Decision(Action.NONE, State.HEALTHY, reason, memory.attempts)
+    if (
+        not memory.recovered
+        and now - memory.since >= settings.recovery
+        and memory.last_answered is not None
+        and memory.last_answered > memory.since
+    ):
+        reason = (
+            f"group recovered: healthy and answering for {now - memory.since:g} s;"
+            f" failed attempts reset (were {memory.attempts})"
+        )
+        return Decision(Action.NONE, State.HEALTHY, reason, 0, recovered=True)
     reason = memory.reason if memory.state is State.HEALTHY else "group healthy"
-    return Decision(Action.NONE, State.HEALTHY, reason, 0)
+    return Decision(Action.NONE, State.HEALTHY, reason, memory.attempts)
 
 
 def _decide_paused(obs: Observation, settings: Settings) -> Decision:
@@ -988,8 +1166,8 @@ def _finite(value: float | None) -> float | None:
 def state_document(
     memory: Memory, obs: Observation | None, now: float, pid: int, hang: float
 ) -> dict[str, Any]:
-    """supervisor-state.json; ``hang`` (the threshold) with ``last_progress`` lets status.yml judge
-    a hang by the supervisor's own rule."""
+    """supervisor-state.json; ``hang`` (the threshold) with ``last_progress`` (any engine work: tokens,
+    prompt tokens, KV cache) lets status.yml judge a hang by the supervisor's own measure."""
     metrics = obs.metrics if obs else Metrics()
     probe = memory.last_probe
     return {
@@ -997,6 +1175,7 @@ def state_document(
         "reason": memory.reason,
         "since": memory.since,
         "attempts": memory.attempts,
+        "recovered": memory.recovered,
         "backoff_until": memory.backoff_until,
         "last_action": (
             None
@@ -1009,7 +1188,10 @@ def state_document(
             "running": _finite(metrics.running),
             "waiting": _finite(metrics.waiting),
             "generation_tokens_total": _finite(metrics.generation_tokens),
+            "prompt_tokens_total": _finite(metrics.prompt_tokens),
+            "kv_cache_usage_perc": _finite(metrics.kv_usage),
             "last_progress": memory.last_progress,
+            "last_answered": memory.last_answered,
             "hang_seconds": hang,
             "last_probe": (
                 None
@@ -1203,10 +1385,14 @@ class Supervisor:
         ranks = self.collect_ranks()
         health, health_detail = self.get_health()
         metrics = self.get_metrics()
-        probe = None
+        probe = after = None
         if lock is not LockStatus.HELD and should_probe(self.memory, health, metrics, now, s):
             probe = self.probe()
-        return Observation(ranks, health, health_detail, metrics, probe, lock, mtime, taken)
+            if probe.outcome is Probe.FAILED:
+                # Read again: progress while the probe waited (the KV cache filling during a long
+                # prefill) means it queued behind real work, not that the engine is stuck.
+                after = self.get_metrics()
+        return Observation(ranks, health, health_detail, metrics, probe, lock, mtime, taken, after)
 
     # -- acting -----------------------------------------------------------------------------
 
@@ -1267,8 +1453,11 @@ class Supervisor:
             needs_adoption=False,
             group_started=starts_began if starts_began is not None else now,
             baseline=baseline_from(ranks),
-            last_tokens=None,
+            last_metrics=FRESH,  # a new head process counts from zero
             last_progress=now,
+            last_answered=None,
+            api_up=None,
+            recovered=False,  # on trial until it has stayed healthy and answering for a while
             health_bad_since=None,
             last_probe=None,
             last_action=last_action,
@@ -1307,6 +1496,7 @@ class Supervisor:
             since=now if changed else memory.since,
             attempts=decision.attempts,
             backoff_until=decision.backoff_until,
+            recovered=memory.recovered if decision.recovered is None else decision.recovered,
         )
 
     def log_decision(self, decision: Decision) -> None:
@@ -1332,6 +1522,9 @@ class Supervisor:
                 group_started=now,
                 baseline=baseline_from(obs.ranks),
                 last_progress=now,
+                api_up=now if obs.health == 200 else None,
+                # Nothing says it was failing before this look (a service start or a deployment run).
+                recovered=True,
                 last_action=(now, Action.ADOPT.value, decision.reason),
             )
         if decision.state is State.PAUSED:

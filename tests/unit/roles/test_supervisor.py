@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._health import deployment_health
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._lock import acquire, guard_path, release
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -107,7 +108,13 @@ class FakeClock:
 
 
 class FakeApi:
-    """The head's API: /health, /metrics (two engines' label sets) and the chat endpoint."""
+    """The head's API: /health, /metrics (two engines' label sets) and the chat endpoint.
+
+    The counters are what vLLM publishes; a test moves them to play traffic, leaves them to play a
+    frozen engine (the metrics freeze with it), and ``prefill_step`` plays a long prefill: the KV
+    cache usage rises at every /metrics read while the token counters stay flat. A new head process
+    (the head's start) counts from zero.
+    """
 
     def __init__(self) -> None:
         self.health: int | None = 200
@@ -116,10 +123,22 @@ class FakeApi:
         self.running = 0
         self.waiting = 0
         self.tokens = 1000
+        self.prompt_tokens = 3000
+        self.kv = 0.0
+        self.done = 100
+        self.prefill_step = 0.0  # KV usage added at every /metrics read (a prefill under way)
         self.probe_status: int | None = 200
         self.probe_body = '{"choices": [{"message": {"content": "OK"}}]}'
+        self.answers_per_start: int | None = None  # probes a new head answers before it hangs
+        self.answers_left: int | None = None
+        self.on_probe: Any = None  # called as a probe arrives (what the engine does meanwhile)
         self.probes: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, float]] = []
+
+    def new_process(self) -> None:
+        self.tokens = self.prompt_tokens = self.done = self.running = self.waiting = 0
+        self.kv = 0.0
+        self.answers_left = self.answers_per_start
 
     def metrics_text(self) -> str:
         # Split across two label sets so only a parser that sums them gets the totals right.
@@ -135,6 +154,9 @@ class FakeApi:
         lines += [f"vllm:num_requests_waiting{{{labels[0]}}} {float(self.waiting)}"]
         lines += [f"vllm:generation_tokens_total{{{labels[0]}}} {float(half_tokens)}"]
         lines += [f"vllm:generation_tokens_total{{{labels[1]}}} {float(self.tokens - half_tokens)}"]
+        lines += [f"vllm:prompt_tokens_total{{{labels[0]}}} {float(self.prompt_tokens)}"]
+        lines += [f"vllm:kv_cache_usage_perc{{{labels[0]}}} {self.kv!r}"]
+        lines += [f'vllm:request_success_total{{{labels[0]},finished_reason="stop"}} {float(self.done)}']
         return "\n".join(lines) + "\n"
 
     def __call__(
@@ -147,17 +169,27 @@ class FakeApi:
         if path == "/health":
             return sup.HttpResult(self.health, "", "" if self.health == 200 else f"HTTP {self.health}")
         if path == "/metrics":
-            return (
-                sup.HttpResult(200, self.metrics_text(), "")
-                if self.metrics_up
-                else sup.HttpResult(500, "", "")
-            )
+            if not self.metrics_up:
+                return sup.HttpResult(500, "", "")
+            self.kv += self.prefill_step
+            return sup.HttpResult(200, self.metrics_text(), "")
         assert (method, path) == ("POST", "/v1/chat/completions")
+        return self.probe(headers, body, timeout)
+
+    def probe(self, headers: Mapping[str, str], body: bytes | None, timeout: float) -> Any:
         self.probes.append({"headers": dict(headers), "body": json.loads(body or b""), "timeout": timeout})
+        if self.on_probe is not None:
+            self.on_probe()
+        if self.answers_left is not None:
+            if self.answers_left == 0:
+                return sup.HttpResult(None, "", "timed out")
+            self.answers_left -= 1
         if self.probe_status is None:
             return sup.HttpResult(None, "", "timed out")
         if self.probe_status == 200:
             self.tokens += 1
+            self.prompt_tokens += 12
+            self.done += 1
         return sup.HttpResult(self.probe_status, self.probe_body, "")
 
 
@@ -251,6 +283,7 @@ class FakeCluster:
             node.started_at = iso(self.clock.now + self.starts / 1000)
             if node.rank == 0:
                 self.api.health = self.api.health_after_start
+                self.api.new_process()
         else:
             assert verb == "stop"
             if node.state == "running":
@@ -428,7 +461,26 @@ def test_every_problem_is_listed_at_once() -> None:
 def test_parse_metrics_of_real_vllm_text_sums_label_sets() -> None:
     text = (FIXTURES / "metrics_vllm_two_engines.txt").read_text()
     # _created series, _by_reason gauges and histograms are other metrics and must not count.
-    assert sup.parse_metrics(text) == sup.Metrics(running=3.0, waiting=1.0, generation_tokens=200000.0)
+    assert sup.parse_metrics(text) == sup.Metrics(
+        running=3.0,
+        waiting=1.0,
+        generation_tokens=200000.0,
+        prompt_tokens=2236529.0,
+        kv_usage=0.0372 + 0.0186,
+        requests_done=432.0,
+    )
+
+
+def test_parse_metrics_reads_the_iteration_histogram_count_and_sum() -> None:
+    text = (
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        'vllm:iteration_tokens_total_bucket{engine="0",le="256.0",model_name="m"} 40.0\n'
+        'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="m"} 44.0\n'
+        'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 44.0\n'
+        'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 11161.0\n'
+        'vllm:iteration_tokens_total_created{engine="0",model_name="m"} 1.7645762219874e+09\n'
+    )
+    assert sup.parse_metrics(text) == sup.Metrics(iterations=44.0, iteration_tokens=11161.0)
 
 
 @pytest.mark.parametrize(
@@ -708,7 +760,7 @@ def mem(state: Any = sup.State.HEALTHY, **fields: Any) -> Any:
         "group_started": T0,
         "baseline": BASELINE,
         "last_progress": NOW,
-        "last_tokens": 5000.0,
+        "last_metrics": sup.Metrics(0.0, 0.0, 5000.0),
     }
     return sup.Memory(state=state, **{**base, **fields})
 
@@ -722,6 +774,12 @@ PROBE_401 = sup.ProbeResult(
     NOW, sup.Probe.INCONCLUSIVE, "HTTP 401: the key file does not match the server's key"
 )
 PROBE_OK = sup.ProbeResult(NOW, sup.Probe.OK, "answered")
+ENGINE_DEAD = (
+    '{"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause."}}'
+)
+PROBE_500 = sup.ProbeResult(NOW, sup.Probe.FAILED, f"HTTP 500: {ENGINE_DEAD}"[:160])
+# /metrics read again after a probe that timed out behind a prefill: the KV cache kept filling.
+PREFILL = sup.Metrics(1.0, 0.0, 5000.0, kv_usage=0.3)
 
 
 @pytest.mark.parametrize(
@@ -789,12 +847,41 @@ PROBE_OK = sup.ProbeResult(NOW, sup.Probe.OK, "answered")
             id="rebooted",
         ),
         pytest.param(
-            obs(metrics=sup.Metrics(2.0, 0.0, 5000.0)),
+            obs(metrics=sup.Metrics(2.0, 0.0, 5000.0), probe=PROBE_TIMEOUT),
             mem(last_progress=NOW - 60),
             "restart",
             "starting",
-            "hang: 2 requests running, no new tokens for 60 s",
-            id="hang-at-hang-seconds",
+            "hang: 2 requests running, no new tokens for 60 s (no prompt token or KV cache change either),"
+            " and the probe failed: timed out",
+            id="hang-at-hang-seconds-confirmed-by-the-probe",
+        ),
+        pytest.param(
+            obs(metrics=sup.Metrics(2.0, 0.0, 5000.0)),
+            mem(last_progress=NOW - 60),
+            "none",
+            "healthy",
+            "group healthy",
+            id="no-progress-alone-waits-for-the-probe",
+        ),
+        pytest.param(
+            obs(
+                metrics=sup.Metrics(1.0, 0.0, 5000.0, kv_usage=0.2),
+                probe=PROBE_TIMEOUT,
+                metrics_after=PREFILL,
+            ),
+            mem(last_progress=NOW - 60),
+            "none",
+            "healthy",
+            "group healthy: the probe failed (timed out) while the engine made progress: busy",
+            id="probe-queued-behind-a-long-prefill-is-no-hang",
+        ),
+        pytest.param(
+            obs(metrics=sup.Metrics(0.0, 0.0, 5000.0), probe=PROBE_500),
+            mem(),
+            "restart",
+            "starting",
+            'hang: the probe failed: HTTP 500: {"error": {"message": "EngineCore encountered an issue.',
+            id="killed-worker-head-answers-500",
         ),
         pytest.param(
             obs(metrics=sup.Metrics(2.0, 0.0, 5000.0)),
@@ -809,7 +896,8 @@ PROBE_OK = sup.ProbeResult(NOW, sup.Probe.OK, "answered")
             mem(),
             "restart",
             "starting",
-            "idle probe failed: timed out",
+            "hang: the probe failed: timed out; no engine progress for 0 s (/metrics: 0 running, 3 waiting:"
+            " frozen metrics read like an idle engine)",
             id="probe-timed-out",
         ),
         pytest.param(
@@ -944,8 +1032,52 @@ def test_first_look_adopts_or_starts(observation: Any, action: str, state: str, 
         pytest.param(
             obs(probe=PROBE_OK),
             mem(sup.State.STARTING, attempts=2, last_probe=PROBE_OK),
-            ("none", "healthy", 0, "group healthy: every rank running, /health 200, probe answered"),
-            id="serving-resets-attempts",
+            ("none", "healthy", 2, "group healthy: every rank running, /health 200, probe answered"),
+            id="serving-keeps-the-attempts-until-it-recovered",
+        ),
+        pytest.param(
+            obs(probe=PROBE_TIMEOUT),
+            mem(sup.State.STARTING, group_started=NOW - 30, last_answered=NOW - 5, last_probe=PROBE_TIMEOUT),
+            ("none", "healthy", 0, "group healthy: every rank running, /health 200, requests answered since"),
+            id="clients-answered-though-the-probe-did-not",
+        ),
+        pytest.param(
+            obs(probe=PROBE_TIMEOUT),
+            mem(
+                sup.State.STARTING,
+                group_started=NOW - 300,
+                api_up=NOW - 60,
+                last_progress=NOW - 200,
+                last_probe=PROBE_TIMEOUT,
+            ),
+            ("none", "backoff", 1, "attempt 1 of 5 failed: while starting: hang: the API is up since"),
+            id="hang-once-the-api-is-up-for-hang-seconds",
+        ),
+        pytest.param(
+            obs(probe=PROBE_TIMEOUT),
+            mem(
+                sup.State.STARTING,
+                reason="lost rank 1",
+                group_started=NOW - 300,
+                api_up=NOW - 59,
+                last_progress=NOW - 200,
+                last_probe=PROBE_TIMEOUT,
+            ),
+            ("none", "starting", 0, "lost rank 1"),
+            id="api-up-for-less-than-hang-seconds",
+        ),
+        pytest.param(
+            obs(probe=PROBE_TIMEOUT, metrics=sup.Metrics(1.0, 0.0, 0.0, kv_usage=0.2), metrics_after=PREFILL),
+            mem(
+                sup.State.STARTING,
+                reason="lost rank 1",
+                group_started=NOW - 300,
+                api_up=NOW - 100,
+                last_progress=NOW - 100,
+                last_probe=PROBE_TIMEOUT,
+            ),
+            ("none", "starting", 0, "lost rank 1"),
+            id="probe-behind-a-long-prefill-while-starting",
         ),
         pytest.param(
             obs(probe=PROBE_401),
@@ -1329,18 +1461,133 @@ def test_should_probe(state, health, running, last_probe_age, expected: bool) ->
 
 
 def test_track_progress() -> None:
-    memory = mem(last_tokens=100.0, last_progress=NOW - 50)
-    grew = sup.track(memory, obs(metrics=sup.Metrics(1.0, 0.0, 101.0)), NOW)
-    assert (grew.last_tokens, grew.last_progress) == (101.0, NOW)
-    stuck = sup.track(memory, obs(metrics=sup.Metrics(1.0, 0.0, 100.0)), NOW)
-    assert stuck.last_progress == NOW - 50
-    idle = sup.track(memory, obs(metrics=sup.Metrics(0.0, 0.0, 100.0)), NOW)
-    assert idle.last_progress == NOW  # idle is not stuck
-    blind = sup.track(memory, obs(metrics=sup.Metrics()), NOW)
-    assert blind.last_progress == NOW - 50  # no metrics: nothing learnt
+    base = sup.Metrics(1.0, 0.0, 100.0, prompt_tokens=50.0, kv_usage=0.10, requests_done=3.0)
+    memory = mem(last_metrics=base, last_progress=NOW - 50, last_answered=NOW - 50)
+
+    def seen(metrics: Any, **kw: Any) -> Any:
+        return sup.track(memory, obs(metrics=metrics, **kw), NOW)
+
+    grew = seen(base._replace(generation_tokens=101.0))
+    assert (grew.last_metrics.generation_tokens, grew.last_progress, grew.last_answered) == (101.0, NOW, NOW)
+    stuck = seen(base)
+    assert (stuck.last_progress, stuck.last_answered) == (NOW - 50, NOW - 50)
+    # A long prefill: only the KV cache moves; that is progress, not an answer.
+    prefill = seen(base._replace(kv_usage=0.12))
+    assert (prefill.last_progress, prefill.last_answered) == (NOW, NOW - 50)
+    freed = seen(base._replace(kv_usage=0.05))  # down counts too: a request finished
+    assert freed.last_progress == NOW
+    steps = seen(base._replace(iterations=7.0))  # a series the last look lacked says nothing
+    assert steps.last_progress == NOW - 50
+    # Idle is no progress any more: frozen metrics read exactly like idle ones.
+    idle = seen(base._replace(running=0.0))
+    assert idle.last_progress == NOW - 50
+    blind = seen(sup.Metrics())
+    assert (blind.last_progress, blind.last_metrics) == (NOW - 50, base)  # no metrics: nothing learnt
+    nan = seen(base._replace(kv_usage=float("nan")))
+    assert (
+        sup.track(nan, obs(metrics=base._replace(kv_usage=float("nan"))), NOW + 5).last_progress == NOW - 50
+    )
+    # Across a failed probe: the metrics read after it moved, so the engine worked meanwhile.
+    during = seen(base, probe=PROBE_TIMEOUT, metrics_after=base._replace(kv_usage=0.2))
+    assert (during.last_progress, during.last_metrics.kv_usage) == (NOW, 0.2)
+    answered = seen(base, probe=PROBE_OK)
+    assert (answered.last_progress, answered.last_answered) == (NOW, NOW)
+    # After a restart the reference is a fresh process: requests served before the first look count.
+    fresh = sup.track(mem(last_metrics=sup.FRESH), obs(metrics=sup.Metrics(1.0, 0.0, 40.0)), NOW)
+    assert fresh.last_answered == NOW
     unhealthy = sup.track(memory, obs(health=503), NOW)
     assert sup.track(unhealthy, obs(health=503), NOW + 5).health_bad_since == NOW
     assert sup.track(unhealthy, obs(), NOW + 5).health_bad_since is None
+    assert unhealthy.api_up is None and sup.track(unhealthy, obs(), NOW + 5).api_up == NOW + 5
+
+
+@pytest.mark.parametrize(
+    ("running", "stalled_for", "last_probe_age", "moved_now", "expected"),
+    [
+        pytest.param(2.0, 60, None, False, True, id="busy-no-progress-for-hang-seconds"),
+        pytest.param(2.0, 59, None, False, False, id="busy-progressing"),
+        pytest.param(0.0, 60, 5, False, True, id="frozen-at-0-running-probed-before-the-stall"),
+        pytest.param(2.0, 70, 5, False, False, id="already-probed-in-this-stall"),
+        pytest.param(2.0, 130, 60, False, True, id="probed-in-this-stall-but-interval-passed"),
+        pytest.param(2.0, 60, None, True, False, id="this-look-moved"),
+    ],
+)
+def test_should_probe_after_no_progress_whatever_runs(
+    running: float, stalled_for: float, last_probe_age: float | None, moved_now: bool, expected: bool
+) -> None:
+    last = (
+        None if last_probe_age is None else sup.ProbeResult(NOW - last_probe_age, sup.Probe.INCONCLUSIVE, "")
+    )
+    reference = sup.Metrics(running, 0.0, 1.0, kv_usage=0.1)
+    memory = mem(last_probe=last, last_progress=NOW - stalled_for, last_metrics=reference)
+    metrics = reference._replace(kv_usage=0.2) if moved_now else reference
+    assert sup.should_probe(memory, 200, metrics, NOW, SETTINGS) is expected
+
+
+RECOVERY = SETTINGS.recovery  # 2 * max(60, 60) + 30
+
+
+@pytest.mark.parametrize(
+    ("observation", "memory", "expected"),
+    [
+        pytest.param(
+            obs(probe=PROBE_TIMEOUT),
+            mem(recovered=True),
+            ("restart", "starting", 0, "hang: the probe failed: timed out"),
+            id="hang-of-a-recovered-group-restarts-at-once",
+        ),
+        pytest.param(
+            obs(probe=PROBE_TIMEOUT),
+            mem(recovered=False, since=NOW - 100, attempts=1),
+            (
+                "none",
+                "backoff",
+                2,
+                "attempt 2 of 5 failed: hang: the probe failed: timed out; no engine progress for 0 s"
+                " (/metrics: 0 running, 0 waiting: frozen metrics read like an idle engine);"
+                " healthy for 100 s only (recovered takes 150 s); next restart in 20 s",
+            ),
+            id="hang-before-it-recovered-is-a-failed-attempt",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED),
+            mem(recovered=False, since=NOW - 30, attempts=4),
+            ("none", "gave_up", 5, "gave up after 5 failed attempts in a row; last: lost rank 1 on spark-b"),
+            id="lost-rank-before-it-recovered-gives-up-at-max-attempts",
+        ),
+        pytest.param(
+            obs(probe=PROBE_OK),
+            mem(recovered=False, since=NOW - RECOVERY, attempts=3, last_answered=NOW),
+            (
+                "none",
+                "healthy",
+                0,
+                "group recovered: healthy and answering for 150 s; failed attempts reset (were 3)",
+            ),
+            id="recovered-after-the-window",
+        ),
+        pytest.param(
+            obs(),
+            mem(recovered=False, since=NOW - RECOVERY + 1, attempts=3, last_answered=NOW),
+            ("none", "healthy", 3, "group healthy"),
+            id="not-yet",
+        ),
+        pytest.param(
+            obs(),
+            mem(recovered=False, since=NOW - RECOVERY, attempts=3, last_answered=NOW - RECOVERY),
+            ("none", "healthy", 3, "group healthy"),
+            id="not-without-an-answer-since-it-turned-healthy",
+        ),
+    ],
+)
+def test_failed_attempts_count_until_the_group_recovered(
+    observation: Any, memory: Any, expected: tuple
+) -> None:
+    decision = sup.decide(observation, memory, NOW, SETTINGS)
+    action, state, attempts, reason = expected
+    assert (decision.action.value, decision.state.value, decision.attempts) == (action, state, attempts)
+    assert decision.reason.startswith(reason), decision.reason
+    assert decision.recovered is (True if reason.startswith("group recovered") else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1484,7 +1731,16 @@ def test_a_healthy_group_resets_the_attempts(h: Harness) -> None:
     assert h.sup.memory.attempts == 1
     h.worker.fail.clear()
     h.until(lambda: h.sup.memory.state is sup.State.HEALTHY)
-    assert h.state()["attempts"] == 0
+    healthy_at = h.clock.now
+    # Healthy is not recovered yet: the attempts stay until it has served for Settings.recovery.
+    assert (h.state()["attempts"], h.state()["recovered"]) == (1, False)
+    h.until(lambda: h.state()["attempts"] == 0)
+    assert h.clock.now - healthy_at == h.settings.recovery == 150
+    assert h.state()["recovered"] is True
+    assert (
+        "group recovered: healthy and answering for 150 s; failed attempts reset (were 1)"
+        in (h.log_lines("decision")[-1])
+    )
 
 
 def test_memory_guard_kill_stops_the_group_and_waits_for_memory(h: Harness) -> None:
@@ -1614,7 +1870,7 @@ def test_fabric_down_while_starting_is_no_failed_attempt(tmp_path: Path) -> None
     h.worker.fail.clear()
     h.worker.link("up", 1)
     h.until(lambda: h.sup.memory.state is sup.State.HEALTHY)
-    assert h.state()["attempts"] == 0
+    h.until(lambda: h.state()["attempts"] == 0)  # once it recovered
 
 
 @pytest.mark.parametrize("fabric", ["absent", "null"])
@@ -1646,11 +1902,16 @@ def test_hang_is_detected_at_hang_seconds(h: Harness) -> None:
     for _ in range(6):  # tokens flowing
         h.api.tokens += 40
         h.tick()
+    assert h.api.probes == []  # busy and progressing: the counters prove the engine, no probe
     stuck_at = h.clock.now - h.settings.interval  # the last tick saw the last new tokens
+    h.api.probe_status = None  # hung: the probe times out too
     h.until(lambda: h.cluster.actions() != [])
     assert h.cluster.head_stop_times()[0] - stuck_at == 60
-    assert "hang: 2 requests running, no new tokens for 60 s" in h.log_lines("decision")[-1]
-    assert h.api.probes == []  # busy all along: the token counter is the signal, no probe
+    assert (
+        "hang: 2 requests running, no new tokens for 60 s (no prompt token or KV cache change either),"
+        " and the probe failed: timed out" in h.log_lines("decision")[-1]
+    )
+    assert len(h.api.probes) == 1  # the one that confirmed it
 
 
 def test_idle_probe_request_and_failure(h: Harness) -> None:
@@ -1672,7 +1933,176 @@ def test_idle_probe_request_and_failure(h: Harness) -> None:
     assert len(h.api.probes) == 2
     # Adoption at T0, the first probe on the next tick, the failing one probe_interval later.
     assert h.cluster.head_stop_times()[0] - T0 == 5 + 60
-    assert "action=restart: idle probe failed: timed out" in h.log_lines("decision")[-1]
+    assert (
+        "action=restart: hang: the probe failed: timed out; no engine progress for 55 s (/metrics: 0 running"
+        in (h.log_lines("decision")[-1])
+    )
+
+
+# --- the engine's real shapes (vLLM 0.32 CPU build, platform-facts.md) ----------------------
+
+
+def test_a_long_prefill_is_never_a_hang(h: Harness) -> None:
+    """Measured: during a long chunked prefill running is 1 and every token counter stays flat
+    until the prompt is done; only the KV cache usage rises. The old rule restarted it at 60 s."""
+    h.adopt_healthy()
+    h.tick(3)
+    probes = len(h.api.probes)
+    h.api.running, h.api.prefill_step = 1, 0.002
+    h.api.probe_status = None  # a probe would queue behind the prefill and time out
+    h.tick(120)  # ten minutes of prefill, ten hang windows
+    assert h.cluster.actions() == [] and h.sup.memory.state is sup.State.HEALTHY
+    assert len(h.api.probes) == probes  # progressing: no probe either
+    h.api.prefill_step, h.api.prompt_tokens = 0.0, h.api.prompt_tokens + 11161  # the prefill ends
+    for _ in range(10):
+        h.api.tokens += 20
+        h.tick()
+    assert h.cluster.actions() == [] and h.state()["api"]["kv_cache_usage_perc"] > 0.2
+
+
+def test_a_probe_that_queued_behind_a_starting_prefill_is_no_hang(h: Harness) -> None:
+    """The idle probe goes out just as a long prompt arrives: it queues behind the prefill and
+    times out, but the KV cache filled meanwhile (read again after the probe): busy, not hung."""
+    h.adopt_healthy()
+    h.tick()
+
+    def long_prompt_arrives() -> None:
+        h.api.running, h.api.prefill_step, h.api.probe_status = 1, 0.002, None
+
+    h.api.on_probe = long_prompt_arrives
+    h.until(lambda: h.api.running == 1)
+    h.api.on_probe = None
+    assert h.api.probes[-1]  # the probe that timed out
+    assert h.sup.memory.last_probe.outcome is sup.Probe.FAILED
+    h.tick(60)
+    assert h.cluster.actions() == []
+    assert "the probe failed (timed out) while the engine made progress: busy" in h.log_lines("decision")[-1]
+
+
+@pytest.mark.parametrize(
+    ("running", "bound"), [(0, 60), (2, 60)], ids=["frozen-at-0-running", "frozen-mid-decode"]
+)
+def test_a_frozen_rank_whose_metrics_froze_is_caught_by_the_probe(
+    h: Harness, running: int, bound: float
+) -> None:
+    """Measured: a worker frozen (SIGSTOP) leaves the head's /health 200 and its metrics frozen at
+    their last values (0 running for a request that came after the freeze)."""
+    h.adopt_healthy()
+    h.api.running = running
+    for _ in range(4):
+        h.api.tokens += 10 * running
+        h.tick()
+    frozen_at = h.clock.now
+    h.api.probe_status = None  # nothing through the engine answers; nothing moves any more
+    h.until(lambda: h.cluster.actions() != [])
+    assert h.cluster.head_stop_times()[0] - frozen_at <= bound + h.settings.interval
+    decision = h.log_lines("decision")[-1]
+    expected = (
+        "hang: 2 requests running, no new tokens for"
+        if running
+        else "hang: the probe failed: timed out; no engine progress for"
+    )
+    assert f"starting action=restart: {expected}" in decision, decision
+
+
+@pytest.mark.parametrize("how", ["500-first", "then-exited"])
+def test_a_killed_worker_makes_the_head_answer_500_then_exit_and_the_group_restarts(
+    h: Harness, how: str
+) -> None:
+    """Measured: a killed worker's headless server exits; the head's /health stays 200 until the
+    next request, which gets HTTP 500 (EngineCore encountered an issue), and then the head exits."""
+    h.adopt_healthy()
+    h.tick()
+    h.clock.now += 60
+    h.api.probe_status, h.api.probe_body = 500, ENGINE_DEAD
+    if how == "then-exited":  # the supervisor looks after both containers exited
+        h.worker.die(137)
+        h.head.die(1)
+        h.api.health = None
+    h.tick()
+    assert h.cluster.actions() == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+    expected = (
+        'hang: the probe failed: HTTP 500: {"error": {"message": "EngineCore encountered an issue.'
+        if how == "500-first"
+        else "lost rank 0 on spark-a: exited, exit code 1"
+    )
+    assert f"starting action=restart: {expected}" in h.log_lines("decision")[-1]
+    h.api.probe_status = 200
+    h.tick()
+    assert h.sup.memory.state is sup.State.HEALTHY
+
+
+def test_a_group_that_hangs_soon_after_every_restart_is_given_up_on_and_says_why(h: Harness) -> None:
+    """hang -> restart -> healthy briefly -> hang ...: each hang before the group recovered is a
+    failed attempt; the old rule kept the attempts at 0 and restarted it for ever."""
+    h.adopt_healthy()
+    h.tick()
+    h.api.answers_per_start = 1  # every new head answers one probe (healthy), then hangs
+    h.api.answers_left = 0  # and the running one hangs now
+    h.tick(400)  # 2000 s
+    state = h.state()
+    assert (state["state"], state["attempts"]) == ("gave_up", 5), h.log_lines("decision")
+    assert state["reason"].startswith(
+        "gave up after 5 failed attempts in a row; last: hang: the probe failed: timed out;"
+    )
+    assert "healthy for 60 s only (recovered takes 150 s)" in state["reason"]
+    assert len(h.cluster.head_stop_times()) == 5  # the first restart, then one per failed attempt
+    backoffs = [line for line in h.log_lines("decision") if " decision backoff action=none: " in line]
+    assert [line.split("next restart in ")[1] for line in backoffs] == ["10 s", "20 s", "40 s", "80 s"]
+    # status.yml says why, from the state file.
+    nodes = [
+        {"name": n.name, "rank": n.rank, "status": n.status(), "guard": "active"}
+        for n in h.cluster.nodes.values()
+    ]
+    report = deployment_health(nodes, {"health": 200}, state, supervisor_interval=5, now=state["updated"])
+    assert not report["healthy"]
+    assert f"supervisor: gave_up - {state['reason']}" in report["problems"]
+
+
+def test_a_hang_right_after_a_restart_is_caught_within_the_hang_bound(h: Harness) -> None:
+    """Clients were answered after the restart while the supervisor's own probe timed out (it
+    queued behind them): the group counts as started, so the hang that follows is caught at the
+    hang bound, not at the start-up timeout (1200 s) as before."""
+    h.adopt_healthy()
+    h.worker.die(137)
+    h.tick()  # the restart
+    h.api.probe_status = None  # our probe never gets through
+    h.api.running = 2
+    for _ in range(3):  # the clients' requests stream
+        h.api.tokens += 30
+        h.tick()
+    assert h.sup.memory.state is sup.State.HEALTHY
+    assert "requests answered since the start" in h.state()["reason"]
+    stuck_at = h.clock.now - h.settings.interval  # the last look that saw new tokens
+    h.until(lambda: h.sup.memory.state is not sup.State.HEALTHY)
+    decided_at = h.clock.now - h.settings.interval  # the loop has slept since
+    assert decided_at - stuck_at == h.settings.hang
+    assert h.state()["reason"].startswith(
+        "attempt 1 of 5 failed: hang: 2 requests running, no new tokens for 60 s"
+    )
+
+
+def test_a_hang_while_starting_once_the_api_is_up_is_caught_within_the_hang_bound(h: Harness) -> None:
+    """The API came up (/health 200) and nothing gets through the engine: a failed attempt once
+    hang_seconds passed, not after the start-up timeout."""
+    h.adopt_healthy()
+    h.api.health_after_start = 503
+    h.worker.die(137)
+    h.tick()
+    h.tick(10)
+    assert h.sup.memory.state is sup.State.STARTING
+    h.api.health, h.api.probe_status = 200, None  # the API is up; the engine answers nothing
+    up_at = h.clock.now  # the next look sees it
+    h.until(lambda: h.sup.memory.state is not sup.State.STARTING)
+    decided_at = h.clock.now - h.settings.interval  # the loop has slept since
+    assert decided_at - up_at == h.settings.hang
+    assert h.state()["reason"].startswith("attempt 1 of 5 failed: while starting: hang: the API is up since")
+    assert "and the probe failed: timed out" in h.state()["reason"]
 
 
 def test_probe_401_and_unreadable_key_do_not_restart(h: Harness) -> None:
@@ -1696,7 +2126,7 @@ def test_the_key_is_read_at_each_use_and_never_logged(h: Harness) -> None:
     h.tick(2)
     assert h.api.probes[1]["headers"]["Authorization"] == "Bearer rotated-key"
     everything = h.log_path.read_text() + (h.state_dir / "supervisor-state.json").read_text()
-    assert "rotated-key" not in everything and "idle probe failed: HTTP 500" in everything
+    assert "rotated-key" not in everything and "hang: the probe failed: HTTP 500" in everything
 
 
 def test_metrics_down_probes_instead(h: Harness) -> None:
@@ -1834,6 +2264,7 @@ def test_state_file_format(h: Harness) -> None:
         "reason",
         "since",
         "attempts",
+        "recovered",
         "backoff_until",
         "last_action",
         "ranks",
@@ -1864,7 +2295,10 @@ def test_state_file_format(h: Harness) -> None:
         "running": 0.0,
         "waiting": 0.0,
         "generation_tokens_total": 4242.0,
+        "prompt_tokens_total": 3000.0,
+        "kv_cache_usage_perc": 0.0,
         "last_progress": T0,
+        "last_answered": None,
         "hang_seconds": SETTINGS.hang,
         "last_probe": None,
     }

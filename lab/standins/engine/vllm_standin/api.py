@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import hmac
 import json
+import os
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 
 from . import STANDIN_VERSION
 from .answers import Answer, Planner, chat_prompt_tokens, count_tokens, filler, name_of_tool, split_pieces
-from .errors import RequestError
+from .errors import EngineDead, RequestError
 from .faults import Faults
 from .generation import Job
 from .log import Log, RequestLog
@@ -25,17 +26,24 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
 from .settings import Settings
 
+# After answering the request that found the engine core dead, the API server exits this soon
+# (time for the answer and the request log line).
+EXIT_AFTER_DEAD_S = 0.2
+FROZEN_POLL_S = 0.05
+
 
 @dataclass
 class Engine:
-    """Everything request handlers share."""
+    """Everything request handlers share. ``frozen`` and ``dead`` say why the engine waits for a
+    silent rank, or why its core is dead (a rank lost); None while it does not / is not."""
 
     args: argparse.Namespace
     settings: Settings
     api_key: str | None
-    problem: Callable[[], str | None]
     request_log: RequestLog
     faults: Faults
+    frozen: Callable[[], str | None] = lambda: None
+    dead: Callable[[], str | None] = lambda: None
     planner: Planner = field(init=False)
     slots: threading.BoundedSemaphore = field(init=False)
     model_names: list[str] = field(init=False)
@@ -45,7 +53,29 @@ class Engine:
         self.planner = Planner(self.args, self.settings, self.faults.active)
         self.slots = threading.BoundedSemaphore(max(1, self.args.max_num_seqs))
         self.model_names = self.args.served_model_name or [self.args.model_path]
-        self.metrics = Metrics(self.model_names[0])
+        # The KV cache holds a full batch of full contexts: --max-num-seqs x --max-model-len tokens.
+        capacity = max(1, self.args.max_num_seqs) * max(1, self.args.max_model_len)
+        self.metrics = Metrics(self.model_names[0], capacity)
+
+    def stall(self) -> None:
+        """Before each engine step: block for good under ``hang``, wait while a rank is frozen (as
+        vLLM's collectives do), and fail once the engine core is dead."""
+        self.faults.stall()
+        while self.frozen() and not self.dead():
+            time.sleep(FROZEN_POLL_S)
+        why = self.dead()
+        if why:
+            raise EngineDead(why)
+
+    def exit_soon(self, why: str) -> None:
+        """vLLM's API server shuts down once a request met the dead engine core."""
+
+        def leave() -> None:
+            time.sleep(EXIT_AFTER_DEAD_S)
+            Log.error(f"engine core dead ({why}): the API server exits (1)")
+            os._exit(1)
+
+        threading.Thread(target=leave, daemon=True, name="engine-dead").start()
 
 
 class ClientGone(Exception):
@@ -167,6 +197,12 @@ class Handler(BaseHTTPRequestHandler):
             # Drain the body first: an early 401/404 must not leave it on a keep-alive connection.
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else b""
             self._route(method, path, raw, record)
+        except EngineDead as exc:
+            record["error"] = f"{exc} ({exc.why})"
+            if self._status == 0:
+                self._send_error(exc.status, str(exc), exc.err_type)
+            self.close_connection = True  # a stream cut off mid-answer, as vLLM's are
+            self.server.engine.exit_soon(exc.why)
         except RequestError as exc:
             record["error"] = str(exc)
             self._send_error(exc.status, str(exc), exc.err_type, exc.param)
@@ -198,10 +234,7 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(404, f"Not Found: {path}", "NotFoundError")
         if routes[path] != method:
             raise RequestError(405, "Method Not Allowed", "MethodNotAllowed")
-        if path == "/health":
-            problem = engine.problem()
-            if problem:
-                raise RequestError(503, problem, "ServiceUnavailableError")
+        if path == "/health":  # answered by the API server: 200 whether the engine is frozen or dead
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -270,9 +303,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _completion(self, path: str, body: dict[str, Any], record: dict[str, Any]) -> None:
         engine = self.server.engine
-        problem = engine.problem()
-        if problem:
-            raise RequestError(503, f"engine unavailable: {problem}", "ServiceUnavailableError")
         model = body.get("model")
         if model is not None and model not in engine.model_names:
             raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
@@ -290,6 +320,9 @@ class Handler(BaseHTTPRequestHandler):
             chat=chat, model=str(model or engine.model_names[0]), answer=answer, prompt_tokens=prompt_tokens
         )
         received = time.monotonic()
+        why = engine.dead()
+        if why:  # the first request that reaches the engine core finds it dead
+            raise EngineDead(why)
         engine.metrics.queued()
         with engine.slots:  # --max-num-seqs: further requests queue, as in vLLM's scheduler
             engine.metrics.admitted()
@@ -303,6 +336,7 @@ class Handler(BaseHTTPRequestHandler):
                     self._send_json(200, job.full_response(self._usage(job)))
             finally:  # an answer cut short (client gone, error) is an abort, as vLLM counts it
                 complete = job.produced == len(answer.pieces)
+                engine.metrics.kv(-job.kv_tokens)  # no prefix caching: its blocks are freed
                 engine.metrics.finished(answer.finish_reason if complete else "abort")
         Log.info(
             f"{path} {'stream' if body.get('stream') else 'full'}: prompt {prompt_tokens} tokens, "
@@ -313,7 +347,7 @@ class Handler(BaseHTTPRequestHandler):
     def _generate(self, job: Job) -> Iterator[int]:
         """The job's token schedule, counted in /metrics as each token is produced."""
         engine = self.server.engine
-        for index in job.schedule(engine.settings, engine.faults.stall):
+        for index in job.schedule(engine.settings, engine.stall, engine.metrics.kv):
             if index == 0:
                 engine.metrics.prefilled(job.prompt_tokens)
             engine.metrics.token()

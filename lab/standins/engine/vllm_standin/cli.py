@@ -161,10 +161,12 @@ def run_head(args: argparse.Namespace, settings: Settings, env: dict[str, str], 
         args=args,
         settings=settings,
         api_key=api_key,
-        problem=rendezvous.problem if rendezvous else lambda: None,
         request_log=RequestLog(settings.request_log),
         faults=faults,
     )
+    if rendezvous:
+        engine.frozen, engine.dead = rendezvous.frozen, rendezvous.dead
+        rendezvous.on_freeze = engine.metrics.freeze  # /metrics keeps its last values while frozen
     try:
         server = StandinHTTPServer((args.host, args.port), engine)
     except OSError as exc:

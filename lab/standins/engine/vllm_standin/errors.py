@@ -17,3 +17,16 @@ class RequestError(Exception):
         self.status = status
         self.err_type = err_type
         self.param = param
+
+
+# What vLLM 0.32's API server answered (HTTP 500) for the first request after a worker was killed.
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+class EngineDead(RequestError):
+    """The engine core is dead (a headless rank was lost): this request gets HTTP 500, then the
+    API server exits, as vLLM's does on EngineDeadError."""
+
+    def __init__(self, why: str):
+        super().__init__(500, ENGINE_DEAD_MESSAGE, "InternalServerError")
+        self.why = why

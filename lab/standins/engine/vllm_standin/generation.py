@@ -11,6 +11,9 @@ from typing import Any
 from .answers import Answer
 from .settings import Settings
 
+# The stand-in's engine step during a prefill: the KV cache usage moves once per step.
+PREFILL_STEP_S = 0.25
+
 
 @dataclass
 class Job:
@@ -23,21 +26,54 @@ class Job:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     produced: int = 0  # tokens yielded so far (== len(answer.pieces) once the answer is complete)
+    prefilled: int = 0  # prompt tokens already in the KV cache
 
-    def schedule(self, settings: Settings, stall: Callable[[], None] = lambda: None) -> Iterator[int]:
-        """Yield token indexes at t_first + i / decode_rate on an absolute clock (no drift).
+    def schedule(
+        self,
+        settings: Settings,
+        stall: Callable[[], None] = lambda: None,
+        cached: Callable[[int], None] = lambda tokens: None,
+    ) -> Iterator[int]:
+        """Yield token indexes at t_first + i / decode_rate on an absolute clock (no drift), where
+        t_first = start + prompt_tokens / prefill_rate.
 
-        ``stall`` runs before each token; the ``hang`` fault makes it block for good.
+        The prefill runs in steps of PREFILL_STEP_S, as vLLM's chunked prefill does: each step
+        puts the prompt tokens it covered into the KV cache (``cached``) and nothing else moves
+        until the prompt is done. ``stall`` runs before each step and each token: the ``hang``
+        fault makes it block for good, a frozen rank until it is back.
         """
         start = time.monotonic()
         first = start + self.prompt_tokens / settings.prefill_tps
-        for index in range(len(self.answer.pieces)):
-            delay = first + index / settings.decode_tps - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+        step = 1
+        while start + step * PREFILL_STEP_S < first:
+            self._sleep_until(start + step * PREFILL_STEP_S)
             stall()
+            self._fill(min(self.prompt_tokens, int(step * PREFILL_STEP_S * settings.prefill_tps)), cached)
+            step += 1
+        for index in range(len(self.answer.pieces)):
+            self._sleep_until(first + index / settings.decode_tps)
+            stall()
+            if index == 0:
+                self._fill(self.prompt_tokens, cached)
+            cached(1)
             self.produced = index + 1
             yield index
+
+    @staticmethod
+    def _sleep_until(when: float) -> None:
+        delay = when - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _fill(self, upto: int, cached: Callable[[int], None]) -> None:
+        if upto > self.prefilled:
+            cached(upto - self.prefilled)
+            self.prefilled = upto
+
+    @property
+    def kv_tokens(self) -> int:
+        """What this job holds in the KV cache (freed when it finishes: no prefix caching)."""
+        return self.prefilled + self.produced
 
     def envelope(
         self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None, final: bool = False

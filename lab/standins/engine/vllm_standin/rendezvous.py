@@ -1,7 +1,10 @@
 """The TCP rendezvous between rank 0 and the headless ranks, and their heartbeats.
 
 Rank 0 admits exactly the expected headless ranks whose arguments match its own (compared by a
-fingerprint of every argument except rank identity and the head-only API flags).
+fingerprint of every argument except rank identity and the head-only API flags). Afterwards, as
+vLLM 0.32 behaves (measured on its CPU build): a headless rank that goes silent with its link still
+open (SIGSTOP, or stuck like a rank in a collective) freezes the engine, which waits for it; one
+whose link closes (killed) leaves rank 0 with a dead engine core.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .errors import StartupError
@@ -21,6 +25,8 @@ from .log import Log
 # Rendezvous link timing: a heartbeat every second, a peer silent for 5 s is gone.
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 5.0
+# Rank 0: a headless rank silent this long (two heartbeats missed) with its link open is frozen.
+FREEZE_AFTER_S = 2.0
 HELLO_TIMEOUT_S = 10.0
 JOIN_RETRY_S = 0.25
 
@@ -132,6 +138,8 @@ class HeadRendezvous:
         self.fingerprint = fingerprint(shared)
         self.joined: dict[int, str] = {}
         self.lost: dict[int, str] = {}
+        self.silent: dict[int, float] = {}  # rank -> when it was last heard, while it is silent
+        self.on_freeze: Callable[[bool], None] = lambda frozen: None  # the engine, once it serves
         self._cond = threading.Condition()
 
     def start(self) -> None:
@@ -152,11 +160,31 @@ class HeadRendezvous:
             self._cond.wait_for(lambda: set(self.joined) == self.expected)
         Log.info(f"rendezvous: all {len(self.expected) + 1} ranks joined")
 
-    def problem(self) -> str | None:
+    def dead(self) -> str | None:
+        """Why the engine core is dead (a headless rank's link closed), None while it is not."""
         with self._cond:
             if not self.lost:
                 return None
             return "; ".join(f"headless rank {rank} lost: {why}" for rank, why in sorted(self.lost.items()))
+
+    def frozen(self) -> str | None:
+        """Why the engine waits (a headless rank silent, its link open), None while it does not."""
+        with self._cond:
+            if not self.silent:
+                return None
+            return "; ".join(
+                f"headless rank {rank} silent since {time.strftime('%H:%M:%S', time.localtime(when))}"
+                for rank, when in sorted(self.silent.items())
+            )
+
+    def _set_silent(self, rank: int, silent: bool, last_heard: float) -> None:
+        with self._cond:
+            if silent:
+                self.silent[rank] = last_heard
+            else:
+                self.silent.pop(rank, None)
+            frozen = bool(self.silent)
+        self.on_freeze(frozen)
 
     def _accept_loop(self, listener: socket.socket) -> None:
         while True:
@@ -214,13 +242,53 @@ class HeadRendezvous:
         Log.info(f"rendezvous: headless rank {rank} joined from {peer_ip} ({count})")
         try:
             link.send({"ok": True, "fingerprint": self.fingerprint})
-            why = keep_alive(link)
+            why = self._watch_rank(rank, link)
         except OSError as exc:
             why = f"connection error ({exc})"
         link.close()
         with self._cond:
             self.lost[rank] = why
-        Log.error(f"headless rank {rank} lost: {why}; this head is now unhealthy")
+        self._set_silent(rank, False, time.time())
+        Log.error(
+            f"headless rank {rank} lost: {why}; the engine core is dead: /health stays 200 until the next"
+            " request, which gets HTTP 500 (EngineCore encountered an issue), then this server exits"
+        )
+
+    def _watch_rank(self, rank: int, link: LineLink) -> str:
+        """Heartbeats with one headless rank until its link closes; return why it closed.
+
+        A rank that stops sending with its link open is not lost: like vLLM's engine, which waits
+        in its collectives for a frozen rank, rank 0 waits for it (the engine is frozen) and goes
+        on when it speaks again (SIGCONT)."""
+        last_seen = time.monotonic()
+        next_send = 0.0
+        silent = False
+        while True:
+            now = time.monotonic()
+            if now >= next_send:
+                link.send({"hb": round(time.time(), 3)})  # OSError: the caller's connection error
+                next_send = now + HEARTBEAT_INTERVAL_S
+            try:
+                message = link.recv(timeout=max(0.05, next_send - time.monotonic()))
+            except TimeoutError:
+                quiet = time.monotonic() - last_seen
+                if not silent and quiet > FREEZE_AFTER_S:
+                    silent = True
+                    Log.error(
+                        f"headless rank {rank} silent for {quiet:.0f} s with its link open: the engine waits"
+                        " for it (frozen; /health stays 200, /metrics keeps its last values)"
+                    )
+                    self._set_silent(rank, True, time.time() - quiet)
+                continue
+            except ValueError as exc:
+                return f"connection error ({exc})"
+            if message is None:
+                return "connection closed"
+            last_seen = time.monotonic()
+            if silent:
+                silent = False
+                Log.info(f"headless rank {rank} is back: the engine goes on")
+                self._set_silent(rank, False, time.time())
 
 
 def join_head(args: argparse.Namespace, host_ip: str, shared: dict[str, Any]) -> LineLink:
