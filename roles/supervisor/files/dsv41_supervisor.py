@@ -211,10 +211,10 @@ class Settings:
     @property
     def recovery(self) -> float:
         """How long a restarted group must stay healthy, and answer, before its failed attempts are
-        forgiven: two hang windows or probe intervals, plus a probe's timeout. A hang is confirmed
+        forgiven: one hang window or probe interval, a probe's timeout and a tick. A hang is confirmed
         at most hang + a tick + probe_timeout after the last progress, so a group that hangs again
-        soon after each restart is caught before it counts as recovered."""
-        return 2 * max(self.hang, self.probe_interval) + self.probe_timeout
+        right after each restart is caught before it counts as recovered."""
+        return max(self.hang, self.probe_interval) + self.probe_timeout + self.interval
 
     @property
     def head(self) -> NodeConfig:

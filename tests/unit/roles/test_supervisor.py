@@ -1524,7 +1524,7 @@ def test_should_probe_after_no_progress_whatever_runs(
     assert sup.should_probe(memory, 200, metrics, NOW, SETTINGS) is expected
 
 
-RECOVERY = SETTINGS.recovery  # 2 * max(60, 60) + 30
+RECOVERY = SETTINGS.recovery  # max(60, 60) + 30 + 5
 
 
 @pytest.mark.parametrize(
@@ -1538,14 +1538,14 @@ RECOVERY = SETTINGS.recovery  # 2 * max(60, 60) + 30
         ),
         pytest.param(
             obs(probe=PROBE_TIMEOUT),
-            mem(recovered=False, since=NOW - 100, attempts=1),
+            mem(recovered=False, since=NOW - 60, attempts=1),
             (
                 "none",
                 "backoff",
                 2,
                 "attempt 2 of 5 failed: hang: the probe failed: timed out; no engine progress for 0 s"
                 " (/metrics: 0 running, 0 waiting: frozen metrics read like an idle engine);"
-                " healthy for 100 s only (recovered takes 150 s); next restart in 20 s",
+                " healthy for 60 s only (recovered takes 95 s); next restart in 20 s",
             ),
             id="hang-before-it-recovered-is-a-failed-attempt",
         ),
@@ -1562,7 +1562,7 @@ RECOVERY = SETTINGS.recovery  # 2 * max(60, 60) + 30
                 "none",
                 "healthy",
                 0,
-                "group recovered: healthy and answering for 150 s; failed attempts reset (were 3)",
+                "group recovered: healthy and answering for 95 s; failed attempts reset (were 3)",
             ),
             id="recovered-after-the-window",
         ),
@@ -1735,10 +1735,10 @@ def test_a_healthy_group_resets_the_attempts(h: Harness) -> None:
     # Healthy is not recovered yet: the attempts stay until it has served for Settings.recovery.
     assert (h.state()["attempts"], h.state()["recovered"]) == (1, False)
     h.until(lambda: h.state()["attempts"] == 0)
-    assert h.clock.now - healthy_at == h.settings.recovery == 150
+    assert h.clock.now - healthy_at == h.settings.recovery == 95
     assert h.state()["recovered"] is True
     assert (
-        "group recovered: healthy and answering for 150 s; failed attempts reset (were 1)"
+        "group recovered: healthy and answering for 95 s; failed attempts reset (were 1)"
         in (h.log_lines("decision")[-1])
     )
 
@@ -2050,7 +2050,7 @@ def test_a_group_that_hangs_soon_after_every_restart_is_given_up_on_and_says_why
     assert state["reason"].startswith(
         "gave up after 5 failed attempts in a row; last: hang: the probe failed: timed out;"
     )
-    assert "healthy for 60 s only (recovered takes 150 s)" in state["reason"]
+    assert "healthy for 60 s only (recovered takes 95 s)" in state["reason"]
     assert len(h.cluster.head_stop_times()) == 5  # the first restart, then one per failed attempt
     backoffs = [line for line in h.log_lines("decision") if " decision backoff action=none: " in line]
     assert [line.split("next restart in ")[1] for line in backoffs] == ["10 s", "20 s", "40 s", "80 s"]
