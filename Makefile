@@ -1,7 +1,8 @@
 # The two commands a new user needs (see README.md):
 #   make lab    bring the lab up and run the main job (site.yml) on it
 #   (make lab-vllm: the same two nodes serving a tiny model with the real vLLM engine, CPU build)
-#   make test   the whole suite: linters, ansible-test sanity, unit tests, the stand-ins, lab acceptance, molecule
+#   make test   the whole suite: linters, ansible-test sanity, unit tests, the stand-ins, lab acceptance,
+#               molecule (the stand-in engine's labs, then the real engine's)
 # Both work from a fresh clone as root: they install what they need.
 
 SHELL := /bin/bash
@@ -28,9 +29,10 @@ tools:
 engine: tools
 	python3 lab/labctl.py engine
 
-# The lab's images (two debootstraps on a new machine), built beside the checks that need no lab.
+# The lab's images (three debootstraps on a new machine, and vLLM's CPU build from its locked
+# wheels), built beside the checks that need no lab.
 images: engine
-	python3 lab/labctl.py images
+	python3 lab/labctl.py images --vllm
 
 lab: deps lab-up
 	ansible-playbook site.yml -i inventory/lab
@@ -81,3 +83,4 @@ lab-test: deps engine
 molecule: deps engine
 	molecule test --scenario-name default
 	molecule test --scenario-name three-nodes
+	molecule test --scenario-name real-engine

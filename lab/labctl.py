@@ -54,6 +54,8 @@ REGISTRY_PORT = 5000
 HUB_PORT = 5080
 WHEELS_PORT = 5081
 HUB_REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
+# The real engine's lab serves this tiny model (lab/vllm/make_tiny_model.py), trained when it is built.
+VLLM_MODEL_REPO = "sparkserve-lab/tiny-chat"
 ENGINE_REPO = "sparkserve-lab/vllm-standin"
 LAB_USER = "spark"
 # The lab's services listen on every address: the nodes reach them through the network gateways,
@@ -345,14 +347,14 @@ def start_registry() -> None:
     )
 
 
-def push_engine(ref: str) -> str:
-    """Push the stand-in engine image and return its digest."""
-    local = f"127.0.0.1:{REGISTRY_PORT}/{ENGINE_REPO}:lab"
+def push_image(ref: str, repository: str = ENGINE_REPO) -> str:
+    """Push an image to the lab registry as ``repository`` and return its digest."""
+    local = f"127.0.0.1:{REGISTRY_PORT}/{repository}:lab"
     docker("tag", ref, local)
     docker("push", "--quiet", local)
     repo_digests = json.loads(docker("image", "inspect", "--format", "{{json .RepoDigests}}", local).stdout)
     for entry in repo_digests:
-        if entry.startswith(f"127.0.0.1:{REGISTRY_PORT}/{ENGINE_REPO}@"):
+        if entry.startswith(f"127.0.0.1:{REGISTRY_PORT}/{repository}@"):
             return entry.split("@", 1)[1]
     raise LabError(f"no registry digest for {local}: {repo_digests}")
 
@@ -376,14 +378,16 @@ def fill_once(directory: Path, recipe: str, message: str, argv: list[str]) -> No
     shutil.rmtree(directory, ignore_errors=True)
     log(message)
     run(argv)
+    directory.mkdir(parents=True, exist_ok=True)
     stamp.touch()
 
 
 def start_hub(size_mb: int) -> None:
+    """Serve the synthetic DeepSeek checkpoint (and whatever else `up` published) as hub repos."""
     root = STATE / "hub"
     repo_dir = root / HUB_REPO
     fill_once(
-        root,
+        repo_dir,
         f"generated-{size_mb}mb",
         f"generating the synthetic checkpoint ({size_mb} MB)",
         [
@@ -721,9 +725,11 @@ def up(args: argparse.Namespace) -> None:
     for network, subnet, gateway, _ifname, _hca in FABRICS:
         ensure_network(network, subnet, gateway, FABRIC_MTU)
     start_registry()
-    digest = push_engine(engine_ref)
+    digest = push_image(engine_ref)
     (STATE / "engine-digest").write_text(digest)
     start_hub(args.checkpoint_mb)
+    if args.vllm:
+        publish_vllm()
     start_wheels()
     key = ssh_keypair()
     public_key = key.with_suffix(".pub").read_text().strip()
@@ -738,6 +744,24 @@ def up(args: argparse.Namespace) -> None:
         f"up in {time.monotonic() - started:.0f} s: engine image "
         f"198.18.0.1:{REGISTRY_PORT}/{ENGINE_REPO}@{digest}; hub http://{MGMT[2]}:{HUB_PORT}"
     )
+
+
+def build_all_images(args: argparse.Namespace) -> None:
+    build_images()
+    if args.vllm:
+        import vllm_engine  # noqa: PLC0415 - only this command needs it (it imports this module)
+
+        vllm_engine.build_image()
+
+
+def publish_vllm() -> None:
+    """The real engine's lab (inventory/lab-vllm): vLLM's CPU build in the registry, pinned by the
+    digest in .lab/vllm-engine-digest, and a tiny trained model on the hub as VLLM_MODEL_REPO."""
+    import vllm_engine  # noqa: PLC0415 - only this command needs it (it imports this module)
+
+    image = vllm_engine.build_image()
+    (STATE / "vllm-engine-digest").write_text(push_image(image, vllm_engine.IMAGE_REPO))
+    vllm_engine.make_model(image, STATE / "hub" / VLLM_MODEL_REPO, "good")
 
 
 def lab_resources(kind: str) -> list[str]:
@@ -758,7 +782,7 @@ def down(_args: argparse.Namespace) -> None:
     for name in ("hub", "registry", "wheels"):
         stop_process(name)
     # Node host keys are new with every node: forget them, and the per-run state with them.
-    for transient in ("ssh/known_hosts", "engine-digest", "nodes.json", "registry"):
+    for transient in ("ssh/known_hosts", "engine-digest", "vllm-engine-digest", "nodes.json", "registry"):
         path = STATE / transient
         if path.is_dir():
             shutil.rmtree(path)
@@ -791,6 +815,11 @@ def main(argv: list[str] | None = None) -> int:
         default=24,
         help="size of the synthetic checkpoint the hub serves (default 24)",
     )
+    up_parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also build the real vLLM engine (CPU) and publish its tiny model, for inventory/lab-vllm",
+    )
     up_parser.set_defaults(func=up)
     commands.add_parser("down", help="remove the lab").set_defaults(func=down)
     commands.add_parser("status", help="show the lab").set_defaults(func=status)
@@ -800,9 +829,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("tools", help="only install the controller's tools (ssh, rsync)").set_defaults(
         func=lambda _a: ensure_controller_tools()
     )
-    commands.add_parser("images", help="only build the lab's images that are missing").set_defaults(
-        func=lambda _a: build_images()
-    )
+    images_parser = commands.add_parser("images", help="only build the lab's images that are missing")
+    images_parser.add_argument("--vllm", action="store_true", help="the real vLLM engine's image too")
+    images_parser.set_defaults(func=build_all_images)
     args = parser.parse_args(argv)
     try:
         args.func(args)
