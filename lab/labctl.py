@@ -563,6 +563,10 @@ def create_node(node: Node, image: str) -> None:
         "/run",
         "--tmpfs",
         "/run/lock",
+        # A host's /dev/shm is half its memory; Docker gives a container 64 MiB. The ranks share the
+        # node's (host IPC, as on a Spark), and vLLM's engine needs 160 MiB of it for one broadcast ring.
+        "--shm-size",
+        "4g",
         "--stop-signal",
         "SIGRTMIN+3",
     ]

@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from conftest import INVENTORY
