@@ -40,7 +40,7 @@ lab: deps lab-up
 # The real engine: vLLM's CPU build and a tiny trained model, through inventory/lab-vllm and its recipe.
 lab-vllm: deps
 	python3 lab/labctl.py up --vllm
-	ansible-playbook site.yml -i inventory/lab-vllm
+	ansible-playbook site.yml -i inventory/lab-vllm/hosts.yml
 
 lab-up:
 	python3 lab/labctl.py up

@@ -5,11 +5,14 @@
 
 from __future__ import annotations
 
-import os
-
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import DEFAULT_RECIPE, RecipeError, load_named
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import (
+    DEFAULT_RECIPE,
+    RecipeError,
+    load_named,
+    search_dirs,
+)
 
 DOCUMENTATION = r"""
 ---
@@ -20,10 +23,12 @@ author: sparkserve maintainers (@sparkserve)
 description:
   - Returns the model recipe a C(deployment_recipe) value names, checked field by field, with every
     optional field filled in. The deployment role reads it once per run as C(deployment_recipe_spec).
-  - A bare name is looked up as C(<dir>/recipes/<name>.yml) in each directory of O(paths) (by default
-    the host's inventory directory, each inventory source's directory, then the playbook's), then
-    among the recipes the collection ships (C(deepseek-v4.1-flash), C(vllm-generic)). A value with a
-    C(/) or ending in C(.yml) is a file, relative to the first of O(paths).
+  - A bare name is looked up as C(<dir>/recipes/<name>.yml) in each directory of O(paths), then among
+    the recipes the collection ships (C(deepseek-v4.1-flash), C(vllm-generic)). By default O(paths) is
+    the directory beside each inventory source - the one holding an inventory file
+    (C(-i inventory/sparks/hosts.yml) looks in C(inventory/sparks/recipes/)), the parent of an inventory
+    directory (Ansible reads every file inside one as inventory) - then the playbook's directory.
+  - A value with a C(/) or ending in C(.yml) is a file, relative to the first of O(paths).
   - A recipe that is wrong fails the lookup with every field that is wrong named.
 options:
   _terms:
@@ -52,14 +57,8 @@ _raw:
 
 
 def default_paths(variables):
-    """The host's inventory directory, each inventory source's directory (the implicit localhost of a
-    client playbook has no inventory_dir), then the playbook's."""
-    paths = [variables["inventory_dir"]] if variables.get("inventory_dir") else []
-    for source in variables.get("ansible_inventory_sources") or []:
-        paths.append(str(source) if os.path.isdir(str(source)) else os.path.dirname(str(source)))
-    if variables.get("playbook_dir"):
-        paths.append(variables["playbook_dir"])
-    return list(dict.fromkeys(str(path) for path in paths))
+    sources = [str(source) for source in variables.get("ansible_inventory_sources") or []]
+    return search_dirs(sources, variables.get("playbook_dir"))
 
 
 class LookupModule(LookupBase):

@@ -35,6 +35,7 @@ SHIPPED_DIR = os.path.join(
 )
 SMOKE_CHECKS = ("text", "tool_call", "vision", "reasoning", "stream")
 PI_INPUTS = ("text", "image")
+BENCH_TOKEN_IDS = (1000, 100000)
 # Facts of the run a template may name besides the recipe's settings.
 RUN_FACTS = (
     "model",
@@ -72,14 +73,14 @@ def find(name_or_path: str, search_dirs: Sequence[str], shipped_dir: str = SHIPP
     """The file a ``deployment_recipe`` value names.
 
     A value with a ``/`` or ending in ``.yml``/``.yaml`` is a path (relative ones to the first of
-    ``search_dirs``, the inventory's directory); a bare name is ``<dir>/recipes/<name>.yml`` in the
-    first of ``search_dirs`` that has it, else the collection's shipped recipe of that name.
+    ``search_dirs``); a bare name is ``<dir>/recipes/<name>.yml`` in the first of ``search_dirs``
+    that has it, else the collection's shipped recipe of that name.
     """
     value = name_or_path.strip()
     if not value:
         raise RecipeError("deployment_recipe is empty: name a recipe (e.g. deepseek-v4.1-flash) or a file")
     if "/" in value or value.endswith((".yml", ".yaml")):
-        candidates = [value] if os.path.isabs(value) else [os.path.join(d, value) for d in search_dirs]
+        candidates = [value] if os.path.isabs(value) else [os.path.join(d, value) for d in search_dirs[:1]]
     else:
         candidates = [os.path.join(d, "recipes", f"{value}.yml") for d in search_dirs]
         candidates.append(os.path.join(shipped_dir, f"{value}.yml"))
@@ -89,8 +90,18 @@ def find(name_or_path: str, search_dirs: Sequence[str], shipped_dir: str = SHIPP
     shipped = sorted(n[: -len(".yml")] for n in os.listdir(shipped_dir) if n.endswith(".yml"))
     raise RecipeError(
         f"deployment_recipe={value!r}: no such recipe; looked for {', '.join(candidates)}. Shipped recipes:"
-        f" {', '.join(shipped)}; a recipe of your own goes in <inventory>/recipes/<name>.yml"
+        f" {', '.join(shipped)}; a recipe of your own goes in recipes/<name>.yml beside the inventory file"
     )
+
+
+def search_dirs(inventory_sources: Sequence[str], playbook_dir: str | None = None) -> list[str]:
+    """Where recipes of one's own are looked for: beside each inventory source (the directory of an
+    inventory file, the parent of an inventory directory, since Ansible reads every file inside an
+    inventory directory as inventory), then the playbook's directory."""
+    dirs = [os.path.dirname(os.path.normpath(source)) for source in inventory_sources if source]
+    if playbook_dir:
+        dirs.append(playbook_dir)
+    return list(dict.fromkeys(dirs))
 
 
 def load(path: str) -> dict[str, Any]:
@@ -311,10 +322,22 @@ def _clients(check: _Checker, document: Mapping[str, Any], settings: Mapping[str
         )
 
     bench = check.mapping(document, "bench", required=False)
-    check.unknown(bench, "bench", ("reference",))
+    check.unknown(bench, "bench", ("reference", "token_ids"))
     reference = check.mapping(bench, "bench.reference", required=False)
     for key in list(reference):
         check.number(reference, f"bench.reference.{key}", default=0)
+    # The prefill prompts' random token ids: ordinary vocabulary, clear of the special tokens.
+    token_ids = bench.get("token_ids", list(BENCH_TOKEN_IDS))
+    if not (
+        isinstance(token_ids, list)
+        and len(token_ids) == 2
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in token_ids)
+        and token_ids[0] < token_ids[1]
+    ):
+        check.fail(
+            "bench.token_ids",
+            f"must be [low, high], 0 <= low < high, within the vocabulary; got {token_ids!r}",
+        )
 
     pi = check.mapping(document, "pi", required=False)
     check.unknown(pi, "pi", ("provider", "model_name", "context_window", "max_tokens", "reasoning", "input"))
@@ -334,7 +357,11 @@ def _clients(check: _Checker, document: Mapping[str, Any], settings: Mapping[str
     for key in ("context_window", "max_tokens"):
         if not pi_out[key]:
             check.fail(f"pi.{key}", "is required when settings has no max_model_len (a number of tokens)")
-    return {"smoke": {"checks": checks}, "bench": {"reference": dict(reference)}, "pi": pi_out}
+    return {
+        "smoke": {"checks": checks},
+        "bench": {"reference": dict(reference), "token_ids": token_ids},
+        "pi": pi_out,
+    }
 
 
 def validate(document: Any, source: str = "recipe") -> dict[str, Any]:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deployment"))
 from lab_support import REGISTRY, REPO, STATE, Lab
 
-INVENTORY = str(REPO / "inventory" / "lab-vllm")
+INVENTORY = str(REPO / "inventory" / "lab-vllm" / "hosts.yml")
 
 
 @pytest.fixture(scope="session")

@@ -143,8 +143,8 @@ def aggregate_rate(timings: list[Timing]) -> float:
     return sum(t.completion_tokens - 1 for t in timings) / (last - first)
 
 
-def random_token_ids(rng: random.Random, count: int) -> list[int]:
-    low, high = TOKEN_ID_RANGE
+def random_token_ids(rng: random.Random, count: int, id_range: tuple[int, int] = TOKEN_ID_RANGE) -> list[int]:
+    low, high = id_range
     return [rng.randrange(low, high) for _token in range(count)]
 
 
@@ -297,8 +297,9 @@ class Prompts:
     requests, so no two share even their first block; prefill prompts are fresh random token ids.
     """
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, id_range: tuple[int, int] = TOKEN_ID_RANGE):
         self.rng = rng
+        self.id_range = id_range
         self.run_tag = f"{rng.getrandbits(32):08x}"
         self.count = 0
 
@@ -320,7 +321,7 @@ class Prompts:
         return f"{tag} {CONTEXT_INTRO}\n\n{context}\n\nTask: {task}"
 
     def token_ids(self, count: int) -> list[int]:
-        return random_token_ids(self.rng, count)
+        return random_token_ids(self.rng, count, self.id_range)
 
 
 # --- the client --------------------------------------------------------------------------------
@@ -564,7 +565,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     client = Client(args.base_url, key, args.timeout)
     rng = random.Random(args.seed)  # noqa: S311 - random prompts, not secrets
     sampling = {"temperature": 0} if args.greedy else {}
-    plan = Plan(client, args.model, Prompts(rng), progress, args.repetitions, sampling)
+    plan = Plan(client, args.model, Prompts(rng, tuple(args.token_ids)), progress, args.repetitions, sampling)
     meta = {
         "model": args.model,
         "base_url": args.base_url,
@@ -737,6 +738,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     go.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")
     go.add_argument("--seed", type=int, default=None, help="seed of the random prompts (default: fresh)")
     go.add_argument("--label", default="", help="a note stored with the results")
+    go.add_argument(
+        "--token-ids",
+        type=int,
+        nargs=2,
+        default=list(TOKEN_ID_RANGE),
+        metavar=("LOW", "HIGH"),
+        help="the prefill prompts' random token ids are drawn from [LOW, HIGH): within the model's vocabulary",
+    )
     go.add_argument(
         "--reference",
         type=reference_figures,

@@ -439,3 +439,13 @@ def test_every_role_variable_is_commented_typed_and_passed_to_the_program():
         assert above.startswith("#"), f"{name} has a comment"
     for flag in ("--decode-context", "'--warmup' if bench_warmup", "'--greedy' if bench_greedy"):
         assert flag in tasks
+
+
+def test_prefill_prompts_stay_within_the_range_given_for_the_models_vocabulary():
+    prompts = bench.Prompts(random.Random(1), (300, 1000))
+    ids = prompts.token_ids(4096)
+    assert min(ids) >= 300 and max(ids) < 1000
+    assert bench.parse(["run", "--base-url", "http://h:8000/v1", "--token-ids", "300", "1000"]).token_ids == [
+        300,
+        1000,
+    ]

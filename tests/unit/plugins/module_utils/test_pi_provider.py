@@ -324,7 +324,12 @@ def test_a_model_of_another_recipe_is_described_as_its_recipe_says():
     plain = entry(model_id="tiny", model_name="Tiny", reasoning=False, input_kinds=["text"])
     (model,) = plain["models"]
     assert plain["name"] == "Tiny on DGX Sparks"
-    assert (model["id"], model["name"], model["reasoning"], model["input"]) == ("tiny", "Tiny", False, ["text"])
+    assert (model["id"], model["name"], model["reasoning"], model["input"]) == (
+        "tiny",
+        "Tiny",
+        False,
+        ["text"],
+    )
     assert "thinkingLevelMap" not in model
 
 

@@ -108,7 +108,7 @@ def test_optional_fields_are_filled_in():
         "reasoning": False,
         "input": ["text"],
     }
-    assert loaded["bench"] == {"reference": {}}
+    assert loaded["bench"] == {"reference": {}, "token_ids": [1000, 100000]}
 
 
 @pytest.mark.parametrize(
@@ -146,6 +146,8 @@ def test_optional_fields_are_filled_in():
         ({"pi": {"input": ["audio"]}}, "pi.input: 'audio' is not an input"),
         ({"settings": {}, "pi": {}}, "pi.context_window: is required when settings has no max_model_len"),
         ({"bench": {"reference": {"prefill_8k": "fast"}}}, "bench.reference.prefill_8k: must be a number"),
+        ({"bench": {"token_ids": [1000, 10]}}, "bench.token_ids: must be [low, high]"),
+        ({"bench": {"token_ids": [1]}}, "bench.token_ids: must be [low, high]"),
         ({"extra": 1}, "extra: is not a recipe field"),
     ],
 )
@@ -180,12 +182,30 @@ def test_a_name_is_found_next_to_the_inventory_before_the_shipped_ones(tmp_path)
 
 
 @pytest.mark.parametrize("given", ["recipes/tiny.yml", "tiny.yaml"])
-def test_a_path_is_relative_to_the_inventory(tmp_path, given):
+def test_a_path_is_relative_to_the_first_search_dir(tmp_path, given):
     target = tmp_path / given
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(yaml.safe_dump(minimal()))
-    assert recipe.find(given, [str(tmp_path / "elsewhere"), str(tmp_path)]) == str(target)
+    assert recipe.find(given, [str(tmp_path), str(tmp_path / "elsewhere")]) == str(target)
     assert recipe.load_named(str(target))["name"] == "tiny"
+    with pytest.raises(recipe.RecipeError, match="no such recipe"):
+        recipe.find(given, [str(tmp_path / "elsewhere"), str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    ("sources", "playbook_dir", "expected"),
+    [
+        # An inventory file: recipes/ beside it, inside its directory.
+        (["/p/inventory/sparks/hosts.yml"], "/p", ["/p/inventory/sparks", "/p"]),
+        # An inventory directory: Ansible reads every file inside it as inventory, so beside it.
+        (["/p/inventory/sparks"], "/p", ["/p/inventory", "/p"]),
+        (["/p/inventory/sparks/"], None, ["/p/inventory"]),
+        (["/p/a/hosts.yml", "/p/b/hosts.yml", "/p/a/more.yml"], "/p/a", ["/p/a", "/p/b"]),
+        ([], None, []),
+    ],
+)
+def test_own_recipes_are_looked_for_beside_each_inventory_source(sources, playbook_dir, expected):
+    assert recipe.search_dirs(sources, playbook_dir) == expected
 
 
 def test_an_unknown_recipe_names_where_it_looked_and_what_ships(tmp_path):
