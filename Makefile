@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export HF_HUB_DISABLE_XET := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: lab lab-vllm lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools images
+.PHONY: molecule-real-engine lab lab-vllm lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools images
 
 deps: $(VENV)/.installed
 
@@ -32,7 +32,7 @@ engine: tools
 # The lab's images (three debootstraps on a new machine, and vLLM's CPU build from its locked
 # wheels), built beside the checks that need no lab.
 images: engine
-	python3 lab/labctl.py images --vllm
+	python3 lab/labctl.py images
 
 lab: deps lab-up
 	ansible-playbook site.yml -i inventory/lab
@@ -83,4 +83,7 @@ lab-test: deps engine
 molecule: deps engine
 	molecule test --scenario-name default
 	molecule test --scenario-name three-nodes
+
+# Not yet in make test: its fault and Pi cases are not all proven (issue 25's closing note).
+molecule-real-engine: deps engine
 	molecule test --scenario-name real-engine
