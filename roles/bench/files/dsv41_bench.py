@@ -744,7 +744,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         nargs=2,
         default=list(TOKEN_ID_RANGE),
         metavar=("LOW", "HIGH"),
-        help="the prefill prompts' random token ids are drawn from [LOW, HIGH): within the model's vocabulary",
+        help="draw the prefill prompts' random token ids from [LOW, HIGH), within the model's vocabulary",
     )
     go.add_argument(
         "--reference",
