@@ -126,3 +126,12 @@ def changed_nothing(run: PlaybookRun) -> bool:
 def api_key(lab) -> str:
     """The key site.yml generated on the head (read over SSH, as a user would)."""
     return lab.ssh("head", f"cat {STATE_DIR}/api_key").stdout.strip()
+
+
+def supervisor_state(lab) -> dict:
+    """The head's supervisor's state document."""
+    return json.loads(lab.ssh("head", f"cat {STATE_DIR}/supervisor-state.json").stdout)
+
+
+def supervisor_log(lab) -> str:
+    return lab.ssh("head", f"cat {STATE_DIR}/supervisor.log").stdout

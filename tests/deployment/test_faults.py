@@ -30,6 +30,8 @@ from deployment_support import (
     model_dir,
     run_playbook,
     site,
+    supervisor_log,
+    supervisor_state,
     user_environment,
 )
 from lab_support import HUB_ENDPOINT, MGMT_ADDRESS, REPO, STATE, labctl, wait_for
@@ -75,14 +77,6 @@ def chat_answers(key: str) -> bool:
     choices = answer.get("choices") or [{}]
     generated = answer.get("usage", {}).get("completion_tokens", 0)
     return generated > 0 and choices[0].get("finish_reason") is not None
-
-
-def supervisor_state(lab) -> dict:
-    return json.loads(lab.ssh("head", f"cat {STATE_DIR}/supervisor-state.json").stdout)
-
-
-def supervisor_log(lab) -> str:
-    return lab.ssh("head", f"cat {STATE_DIR}/supervisor.log").stdout
 
 
 def started_at(lab, node: str) -> str:

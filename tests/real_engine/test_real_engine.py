@@ -18,7 +18,13 @@ import urllib.request
 
 import pytest
 from conftest import INVENTORY
-from deployment_support import STATE_DIR, api_key, changed_nothing, run_playbook
+from deployment_support import (
+    api_key,
+    changed_nothing,
+    run_playbook,
+    supervisor_log,
+    supervisor_state,
+)
 from lab_support import MGMT_ADDRESS, STATE, wait_for
 
 MODEL = "tiny-chat"
@@ -168,14 +174,6 @@ def test_status_yml_shows_a_healthy_pair():
 
 
 # --------------------------------------------------------------------------- the supervisor
-
-
-def supervisor_state(lab) -> dict:
-    return json.loads(lab.ssh("head", f"cat {STATE_DIR}/supervisor-state.json").stdout)
-
-
-def supervisor_log(lab) -> str:
-    return lab.ssh("head", f"cat {STATE_DIR}/supervisor.log").stdout
 
 
 def started_at(lab, node: str) -> str:
