@@ -5,15 +5,6 @@
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleLookupError
-from ansible.plugins.lookup import LookupBase
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import (
-    DEFAULT_RECIPE,
-    RecipeError,
-    load_named,
-    search_dirs,
-)
-
 DOCUMENTATION = r"""
 ---
 name: recipe
@@ -54,6 +45,15 @@ _raw:
   type: list
   elements: dict
 """
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import (
+    DEFAULT_RECIPE,
+    RecipeError,
+    load_named,
+    search_dirs,
+)
 
 
 def default_paths(variables):

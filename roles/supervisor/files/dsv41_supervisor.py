@@ -324,7 +324,7 @@ PROGRESS_FIELDS = (
 ANSWER_FIELDS = ("generation_tokens", "prompt_tokens", "requests_done")
 # What a head process that has just started publishes: every counter at zero, nothing in the KV
 # cache. The reference after a restart, so requests answered before the first look still count.
-FRESH = Metrics(*(0.0 for _ in Metrics._fields))
+FRESH = Metrics(*(0.0 for _field in Metrics._fields))
 
 
 class ProbeResult(NamedTuple):
