@@ -204,7 +204,9 @@ def test_a_rebooted_worker_node_comes_back_and_the_pair_heals(supervised, key):
     assert seconds <= 240
     names = lab.ssh("worker", "ip -o -4 addr show").stdout
     assert "enp1s0f1np1" in names and "wlP9s9" in names, "the node kept its Spark interface names"
-    assert "lost rank 1 on worker" in supervisor_log(lab)
+    # Seen as the node went down (waited for until it answered) or once it was back (its rank exited).
+    log = supervisor_log(lab)
+    assert "lost rank 1 on worker" in log or "node not answering: worker" in log, log[-3000:]
 
 
 def test_a_hang_while_requests_run_is_detected_and_healed(supervised, key):

@@ -20,7 +20,9 @@ head answer one HTTP 500 and exit: a failed probe, then a lost rank, either way 
 Around that: a memory-guard kill stops the whole group and waits for memory before starting it
 again (a lone survivor only wastes memory); a node whose fabric link is down (rankctl reads the
 interface's operstate and carrier) stops the whole group too, until every link is up again (no
-rank works without it, and that is no failed attempt); failed starts back off, doubling, and
+rank works without it, and that is no failed attempt); a node that does not answer at all (a
+reboot, its power or network gone) stops the group likewise until it answers again, since a restart
+that cannot reach it would only spend the attempts; failed starts back off, doubling, and
 after ``max_attempts`` in a row the supervisor gives up and says why, until a deployment run takes
 the lock (or the service restarts). A start that turned healthy but failed again (hang, lost
 rank) before it stayed healthy and answering for ``Settings.recovery`` is a failed start too, so a
@@ -114,6 +116,7 @@ class State(enum.Enum):
     RESTARTING = "restarting"  # only while the restart steps run
     MEMORY_WAIT = "memory_wait"  # stopped after a memory-guard kill, waiting for memory
     FABRIC_WAIT = "fabric_wait"  # stopped because a node's fabric link is down, waiting for it
+    NODE_WAIT = "node_wait"  # stopped because a node does not answer (rebooting, down), waiting for it
     BACKOFF = "backoff"  # an attempt failed; the next restart waits
     GAVE_UP = "gave_up"  # max_attempts failed in a row; acts on nothing until a deployment run or a restart
     PAUSED = "paused"  # a deployment run holds the lock
@@ -952,6 +955,23 @@ def _fabric_stop(down: Sequence[tuple[str, Fabric]], memory: Memory) -> Decision
     return Decision(Action.STOP, State.FABRIC_WAIT, fabric_wait_reason(down), memory.attempts)
 
 
+def unreachable_nodes(ranks: Sequence[RankStatus]) -> list[RankStatus]:
+    return [r for r in ranks if r.unreachable]
+
+
+def node_wait_reason(gone: Sequence[RankStatus]) -> str:
+    nodes = ", ".join(f"{r.node} ({r.detail or 'no status'})" for r in gone)
+    return f"node not answering: {nodes}: waiting for it to answer"
+
+
+def _node_stop(gone: Sequence[RankStatus], memory: Memory) -> Decision:
+    """A node that does not answer (rebooting, powered off, its network down) cannot be restarted
+    from here, and a restart that cannot reach it would only count failed attempts until the
+    supervisor gave up, minutes before the node came back: stop the group and wait for the node.
+    Not a failed attempt, as a fabric wait is not."""
+    return Decision(Action.STOP, State.NODE_WAIT, node_wait_reason(gone), memory.attempts)
+
+
 def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
     """A group started (or adopted while its API was not ready) turns healthy once the API has
     answered a request since the start: its own probe, or any client's (the answer counters grew).
@@ -1071,6 +1091,18 @@ def _decide_memory_wait(obs: Observation, memory: Memory, _now: float, settings:
     return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
 
 
+def _decide_node_wait(obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
+    gone = unreachable_nodes(obs.ranks)
+    if gone:
+        return Decision(Action.NONE, State.NODE_WAIT, node_wait_reason(gone), memory.attempts)
+    down = fabric_down(obs)
+    if down:  # the group is stopped already: the start waits for the links too
+        return Decision(Action.NONE, State.FABRIC_WAIT, fabric_wait_reason(down), memory.attempts)
+    nodes = ", ".join(r.node for r in obs.ranks)
+    reason = f"every node answers again ({nodes}): restarting the group"
+    return Decision(Action.RESTART, State.STARTING, reason, memory.attempts)
+
+
 def _decide_fabric_wait(obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
     down = fabric_down(obs)
     if down:
@@ -1088,10 +1120,14 @@ _WAITING = {
     State.BACKOFF: _decide_backoff,
     State.MEMORY_WAIT: _decide_memory_wait,
     State.FABRIC_WAIT: _decide_fabric_wait,
+    State.NODE_WAIT: _decide_node_wait,
 }
 # States the fabric rule leaves alone: gave_up acts on nothing, and in the waits the group is
 # stopped already (a memory wait that ends goes to fabric_wait while a link is down).
-_FABRIC_RULE_EXEMPT = frozenset({State.GAVE_UP, State.MEMORY_WAIT, State.FABRIC_WAIT})
+_FABRIC_RULE_EXEMPT = frozenset({State.GAVE_UP, State.MEMORY_WAIT, State.FABRIC_WAIT, State.NODE_WAIT})
+# States the node rule leaves alone: gave_up acts on nothing; in the waits the group is stopped
+# already, and the memory and fabric waits count a node that does not answer as not ready.
+_NODE_RULE_EXEMPT = _FABRIC_RULE_EXEMPT
 
 
 def _decide_group(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
@@ -1112,6 +1148,9 @@ def decide(obs: Observation, memory: Memory, now: float, settings: Settings) -> 
     down = fabric_down(obs)
     if down and memory.state not in _FABRIC_RULE_EXEMPT:  # before adopting or restarting anything
         return _fabric_stop(down, memory)
+    gone = unreachable_nodes(obs.ranks)
+    if gone and memory.state not in _NODE_RULE_EXEMPT:
+        return _node_stop(gone, memory)
     if memory.needs_adoption:
         return _adopt(obs)
     waiting = _WAITING.get(memory.state)
@@ -1439,7 +1478,13 @@ class Supervisor:
         if yielded:
             return self.yield_to_run(memory, yielded, last_action)
         if not ok:
-            failed = failed_attempt(decision.attempts, f"group restart: {failure}", now, self.settings)
+            # A node that stopped answering mid-restart (a reboot) is waited for, not counted.
+            gone = unreachable_nodes(self.collect_ranks())
+            failed = (
+                Decision(Action.NONE, State.NODE_WAIT, node_wait_reason(gone), decision.attempts)
+                if gone
+                else failed_attempt(decision.attempts, f"group restart: {failure}", now, self.settings)
+            )
             self.log_decision(failed)
             # needs_adoption off: a first look that failed to start the group must back off too.
             return dataclasses.replace(

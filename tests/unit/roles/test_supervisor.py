@@ -206,6 +206,7 @@ class FakeNode:
         self.mem_available: int | None = 100 * GIB
         self.memguard_last_kill: float | None = None
         self.unreachable = False
+        self.vanish_on: str | None = None  # the verb at which the node stops answering (a reboot)
         self.fail: set[str] = set()
         self.fabric: Any = ABSENT
 
@@ -264,6 +265,8 @@ class FakeCluster:
     def __call__(self, argv: Sequence[str], timeout: float) -> Any:
         node, verb = self.node_of(argv), argv[-1]
         self.calls.append((node.name, verb, timeout, self.clock.now))
+        if node.vanish_on == verb:
+            node.unreachable = True
         if node.unreachable:
             return sup.CommandResult(
                 255, "", f"ssh: connect to host {IPS.get(node.name)} port 22: No route to host\n"
@@ -816,10 +819,10 @@ PREFILL = sup.Metrics(1.0, 0.0, 5000.0, kv_usage=0.3)
         pytest.param(
             obs(rank("spark-a"), UNREACHABLE),
             mem(),
-            "restart",
-            "starting",
-            "lost rank 1 on spark-b: unreachable, rc=255: ssh: connect to host: No route to host",
-            id="lost-unreachable",
+            "stop",
+            "node_wait",
+            "node not answering: spark-b (rc=255: ssh: connect to host: No route to host): waiting for it",
+            id="unreachable-node-waited-for",
         ),
         pytest.param(
             obs(rank("spark-a", "exited", exit_code=1, finished_at="2026-12-01T09:30:00Z"), rank("spark-b")),
@@ -1380,8 +1383,8 @@ def b_link(link: Any, state: str = "running", **fields: Any) -> Any:
         pytest.param(
             obs(rank("spark-a", fabric=LINK_UP), UNREACHABLE),
             mem(),
-            ("restart", "starting", 0, "lost rank 1 on spark-b: unreachable"),
-            id="unreachable-outside-the-wait-is-a-lost-rank",
+            ("stop", "node_wait", 0, "node not answering: spark-b"),
+            id="unreachable-outside-the-fabric-wait-is-a-node-wait",
         ),
     ],
 )
@@ -1664,7 +1667,7 @@ def test_status_and_actions_use_their_own_timeouts(h: Harness) -> None:
     assert timeouts == {("status", 20), ("stop", 120), ("start", 120)}
 
 
-@pytest.mark.parametrize("how", ["restart-alone", "reboot", "unreachable", "missing"])
+@pytest.mark.parametrize("how", ["restart-alone", "reboot", "missing"])
 def test_other_rank_losses_restart_the_group(h: Harness, how: str) -> None:
     h.adopt_healthy()
     if how == "restart-alone":
@@ -1672,19 +1675,80 @@ def test_other_rank_losses_restart_the_group(h: Harness, how: str) -> None:
     elif how == "reboot":
         h.worker.boot_id = "boot-spark-b-2"
         h.worker.restart_alone()
-    elif how == "unreachable":
-        h.worker.unreachable = True
     else:
         h.worker.state, h.worker.started_at = "missing", None
     h.tick()
     expected = {
         "restart-alone": "rank 1 on spark-b restarted alone",
         "reboot": "node spark-b rebooted: boot_id boot-spark-b-1 -> boot-spark-b-2",
-        "unreachable": "lost rank 1 on spark-b: unreachable, rc=255: ssh: connect to host",
         "missing": "lost rank 1 on spark-b: missing",
     }[how]
     assert expected in h.log_lines("decision")[1]  # [0] is the adoption
     assert h.cluster.actions()[0] == ("spark-a", "stop")
+
+
+def come_back_from_a_reboot(node: FakeNode) -> None:
+    """What a rebooted node shows: it answers, with a new boot id and its rank exited (the rank
+    containers have no restart policy: the supervisor starts them)."""
+    node.unreachable, node.vanish_on = False, None
+    node.boot_id = f"{node.boot_id}-rebooted"
+    node.state, node.exit_code = "exited", 255
+
+
+def test_a_node_that_stops_answering_is_waited_for_however_long_then_the_group_restarts(h: Harness) -> None:
+    """A reboot of a worker: no failed attempt is spent on a node a restart cannot reach, so a
+    reboot longer than the backoffs (Sparks take minutes) never makes the supervisor give up."""
+    h.adopt_healthy()
+    h.worker.unreachable = True
+    h.tick()
+    assert h.cluster.actions() == [("spark-a", "stop"), ("spark-b", "stop")]  # the worker's stop fails
+    state = h.state()
+    assert (state["state"], state["attempts"]) == ("node_wait", 0)
+    assert state["reason"] == (
+        f"node not answering: spark-b (rc=255: ssh: connect to host {IPS['spark-b']} port 22: No route to host):"
+        " waiting for it to answer"
+    )
+    h.tick(200)  # 1,000 s: longer than every backoff of max_attempts (10+20+40+80+160 s)
+    assert len(h.cluster.actions()) == 2 and h.state()["state"] == "node_wait"
+    come_back_from_a_reboot(h.worker)
+    h.tick()
+    assert h.cluster.actions()[2:] == [
+        ("spark-a", "stop"),
+        ("spark-b", "stop"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+    assert h.log_lines("decision")[-1].endswith(
+        "decision starting action=restart: every node answers again (spark-a, spark-b): restarting the group"
+    )
+    assert h.state()["attempts"] == 0
+
+
+def test_a_node_lost_during_a_restart_is_waited_for_not_counted(h: Harness) -> None:
+    """The worker's rank died, and the node goes down (a reboot) as the restart reaches it."""
+    h.adopt_healthy()
+    h.worker.die(1)
+    h.worker.vanish_on = "stop"
+    h.tick()
+    state = h.state()
+    assert (state["state"], state["attempts"]) == ("node_wait", 0), h.log_lines()
+    assert state["reason"].startswith("node not answering: spark-b (rc=255: ssh: connect to host")
+    h.tick(100)
+    come_back_from_a_reboot(h.worker)
+    h.until(lambda: h.sup.memory.state is sup.State.STARTING)
+    assert h.cluster.actions()[-2:] == [("spark-b", "start"), ("spark-a", "start")]
+
+
+def test_a_node_that_stops_answering_after_the_supervisor_gave_up_changes_nothing(h: Harness) -> None:
+    h.adopt_healthy()
+    h.worker.fail.add("start")
+    h.worker.die(1)
+    h.tick(60)
+    assert h.state()["state"] == "gave_up"
+    before = len(h.cluster.actions())
+    h.worker.unreachable = True
+    h.tick(20)
+    assert h.state()["state"] == "gave_up" and len(h.cluster.actions()) == before
 
 
 def test_failed_attempts_back_off_doubling_then_give_up(h: Harness) -> None:
