@@ -8,11 +8,25 @@ module reads and writes the file).
 
 The record (``<state dir>/deployments.json`` on the head) is
 ``{"version": 1, "current": D, "previous": D, "last_failed": F}`` where a deployment ``D`` is
-``{image, revision, time, smoke, downtime_seconds}`` and a failed switch ``F`` is
-``{image, revision, time, reason}``. A run *switches* when the image or the checkpoint revision it
-deploys differs from ``current``; the smoke checks then gate it, and a failure rolls back to
-``current`` (which stays ``current``). A switch that passes makes the old ``current`` the new
-``previous``: the deployment to roll back to on demand.
+``{image, revision, recipe, time, smoke, downtime_seconds}`` and a failed switch ``F`` is
+``{image, revision, recipe, time, reason}``; ``recipe`` is the name of the model recipe the
+deployment served (``deployment_recipe_spec.name``). A run *switches* when the image, the
+checkpoint revision or the recipe it deploys differs from ``current``; the smoke checks then gate
+it, and a failure rolls back to ``current`` (which stays ``current``). A switch that passes makes
+the old ``current`` the new ``previous``: the deployment to roll back to on demand.
+
+A deployment runs with its recipe's serving arguments and model directory, and a run has only its
+own recipe's: a rollback to a deployment of another recipe would start its image and revision with
+the wrong ones, a deployment that never existed. So a rollback on demand to a ``previous`` of
+another recipe is refused (:func:`plan` raises, naming the run that goes back), and a switch away
+from a ``current`` of another recipe does not roll back by itself when it fails (the plan's
+``no_rollback`` says why, and what to run to go back).
+
+Entries written before the record named recipes have no ``recipe``: they are taken as
+:data:`LEGACY_RECIPE`, ``deepseek-v4.1-flash``, the only model the collection served then. (Not
+``_recipe.DEFAULT_RECIPE``: that is today's default and may change; what old records served does
+not.) A run of that recipe therefore sees no change in them; a run of another recipe sees a switch,
+and refuses to roll back to them.
 """
 
 from __future__ import annotations
@@ -22,6 +36,8 @@ import time
 from typing import Any
 
 RECORD_VERSION = 1
+# The recipe of an entry recorded before entries named theirs: the only model served then.
+LEGACY_RECIPE = "deepseek-v4.1-flash"
 # What a run plans: the first deployment this record sees, nothing to switch, a switch to what
 # the inventory asks, a rollback (on demand) to the previous deployment.
 ACTIONS = ("first", "none", "switch", "rollback")
@@ -60,8 +76,18 @@ def record_text(record: dict[str, Any]) -> str:
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
 
-def same(entry: dict[str, Any] | None, image: str, revision: str) -> bool:
-    return entry is not None and entry.get("image") == image and entry.get("revision", "") == revision
+def recipe_of(entry: dict[str, Any]) -> str:
+    """The recipe ``entry`` served (:data:`LEGACY_RECIPE` for an entry recorded before recipes)."""
+    return entry.get("recipe") or LEGACY_RECIPE
+
+
+def same(entry: dict[str, Any] | None, image: str, revision: str, recipe: str = LEGACY_RECIPE) -> bool:
+    return (
+        entry is not None
+        and entry.get("image") == image
+        and entry.get("revision", "") == revision
+        and recipe_of(entry) == recipe
+    )
 
 
 def short_image(image: str) -> str:
@@ -75,6 +101,8 @@ def describe(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "none recorded"
     words = short_image(entry["image"])
+    if entry.get("recipe"):
+        words += f", recipe {entry['recipe']}"
     if entry.get("revision"):
         words += f", revision {entry['revision']}"
     if isinstance(entry.get("time"), (int, float)):
@@ -88,38 +116,84 @@ def describe(entry: dict[str, Any] | None) -> str:
     return words
 
 
+def go_back_command(entry: dict[str, Any]) -> str:
+    """The run that deploys ``entry`` again, with its own recipe, image and checkpoint revision."""
+    command = f"ansible-playbook site.yml -e deployment_recipe={recipe_of(entry)}"
+    command += f" -e deployment_image={entry['image']}"
+    if entry.get("revision"):
+        command += f" -e checkpoint_revision={entry['revision']}"
+    return command
+
+
 def plan(
-    record: dict[str, Any], image: str, revision: str | None, *, rollback: bool = False
+    record: dict[str, Any],
+    image: str,
+    revision: str | None,
+    *,
+    recipe: str = LEGACY_RECIPE,
+    rollback: bool = False,
 ) -> dict[str, Any]:
-    """What this run deploys: ``{action, target: {image, revision}, current, previous, msg}``.
+    """What this run deploys: ``{action, target: {image, revision, recipe}, current, previous,
+    no_rollback, msg}``.
 
     ``revision`` ``None``: the one that serves now (a run that does not fetch the checkpoint).
+    ``recipe``: the recipe this run serves; its ranks have that recipe's arguments and model
+    directory, so they can deploy only a recorded deployment of the same recipe. A rollback on demand
+    to a previous deployment of another recipe raises :class:`ReleaseError`, naming the run that goes
+    back. ``no_rollback``: ``None``, or (``current`` served another recipe) why a failed switch does
+    not roll back by itself, with the command that brings ``current`` back.
     """
     current, previous = record["current"], record["previous"]
     if revision is None:
         revision = current.get("revision", "") if current is not None else ""
+    no_rollback = across = None
+    if current is not None and recipe_of(current) != recipe:
+        no_rollback = (
+            f"No automatic rollback across recipes: {short_image(current['image'])} served recipe"
+            f" {recipe_of(current)}, and this run has the serving arguments and model directory of recipe"
+            f" {recipe}. To go back to it, run {go_back_command(current)}"
+        )
+        across = (
+            f" does not roll back by itself (the current deployment served recipe {recipe_of(current)},"
+            f" this run serves {recipe})"
+        )
     if rollback:
         if previous is None:
             raise ReleaseError(
                 "no previous deployment is recorded to roll back to (a switch that passed its smoke"
                 f" checks records one); the current one is {describe(current)}"
             )
-        target = {"image": previous["image"], "revision": previous.get("revision", "")}
+        if recipe_of(previous) != recipe:
+            raise ReleaseError(
+                f"the previous deployment, {short_image(previous['image'])}, served recipe"
+                f" {recipe_of(previous)} and this run serves recipe {recipe}: its ranks would start with"
+                f" the serving arguments and model directory of {recipe}. To go back to it, run rollback.yml"
+                f" -e deployment_recipe={recipe_of(previous)} (with the inventory settings it was deployed"
+                " with)"
+            )
+        target = {"image": previous["image"], "revision": previous.get("revision", ""), "recipe": recipe}
         action = "rollback"
         msg = f"rolling back from {describe(current)} to {describe(previous)}"
+        if across:
+            msg += f"; a failure{across}"
     else:
-        target = {"image": image, "revision": revision}
+        target = {"image": image, "revision": revision, "recipe": recipe}
         if current is None:
             action, msg = "first", f"first recorded deployment: {describe(target)}"
-        elif same(current, image, revision):
+        elif same(current, image, revision, recipe):
             action, msg = "none", f"serving {describe(current)}; nothing to switch"
         else:
             action = "switch"
-            msg = (
-                f"switching from {describe(current)} to {describe(target)}; the smoke checks gate it and a"
-                " failure rolls back"
-            )
-    return {"action": action, "target": target, "current": current, "previous": previous, "msg": msg}
+            msg = f"switching from {describe(current)} to {describe(target)}; the smoke checks gate it and a"
+            msg += f" failure{across or ' rolls back'}"
+    return {
+        "action": action,
+        "target": target,
+        "current": current,
+        "previous": previous,
+        "no_rollback": no_rollback,
+        "msg": msg,
+    }
 
 
 def committed(
@@ -130,14 +204,15 @@ def committed(
     downtime_seconds: float | None,
     now: float,
 ) -> dict[str, Any]:
-    """The record once ``target`` serves and passed its smoke checks. Committing what is current
-    already changes nothing (a re-run)."""
+    """The record once ``target`` (``{image, revision, recipe}``) serves and passed its smoke checks.
+    Committing what is current already changes nothing (a re-run)."""
     current = record["current"]
-    if same(current, target["image"], target.get("revision", "")):
+    if same(current, target["image"], target.get("revision", ""), recipe_of(target)):
         return record
     entry = {
         "image": target["image"],
         "revision": target.get("revision", ""),
+        "recipe": recipe_of(target),
         "time": now,
         "smoke": smoke,
         "downtime_seconds": downtime_seconds,
@@ -146,6 +221,13 @@ def committed(
 
 
 def failed(record: dict[str, Any], target: dict[str, Any], *, reason: str, now: float) -> dict[str, Any]:
-    """The record once a switch to ``target`` failed (``current`` serves again)."""
-    entry = {"image": target["image"], "revision": target.get("revision", ""), "time": now, "reason": reason}
+    """The record once a switch to ``target`` failed (``current`` serves again, unless the switch
+    left another recipe: see :func:`plan`)."""
+    entry = {
+        "image": target["image"],
+        "revision": target.get("revision", ""),
+        "recipe": recipe_of(target),
+        "time": now,
+        "reason": reason,
+    }
     return {**record, "last_failed": entry}

@@ -9,23 +9,33 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: deployment_release
-short_description: Plan a switch of the serving image or checkpoint revision, and record the outcome
+short_description: Plan a switch of the serving image, checkpoint revision or recipe, and record the outcome
 version_added: 0.1.0
 author: sparkserve maintainers (@sparkserve)
 description:
   - Keeps the deployment record on the head, O(path) (the roles use C(<state dir>/deployments.json)) - the
     deployment that serves now (C(current)), the one before it (C(previous)) and the last switch that
-    failed (C(last_failed)), each with its image (by digest), checkpoint revision and time; a deployment
-    also with its smoke result and how long the switch to it kept the API from answering.
+    failed (C(last_failed)), each with its image (by digest), checkpoint revision, model recipe (its name)
+    and time; a deployment also with its smoke result and how long the switch to it kept the API from
+    answering.
+  - An entry recorded before entries named their recipe counts as recipe C(deepseek-v4.1-flash), the only
+    model served then.
   - O(state=planned) reads the record and says what this run deploys (RV(plan)) - C(first) (nothing
-    recorded yet), C(none) (O(image) and O(revision) serve already), C(switch) (they differ from
-    C(current)) or, with O(rollback=true), C(rollback) (to C(previous)). It never changes anything.
+    recorded yet), C(none) (O(image), O(revision) and O(recipe) serve already), C(switch) (one of them
+    differs from C(current)) or, with O(rollback=true), C(rollback) (to C(previous)). It never changes
+    anything.
   - A switch changes the image, the checkpoint revision (the commit of its directory under the
-    model root; see M(sparkserve.dsv41.checkpoint_revision)), or both.
-  - O(state=committed) records O(image) and O(revision) as C(current), once they serve and passed the smoke
-    checks, and the old C(current) as C(previous). Recording what is current already changes nothing.
-  - O(state=failed) records a switch to O(image) and O(revision) that failed, with O(reason); C(current)
-    stays (it serves again after the rollback).
+    model root; see M(sparkserve.dsv41.checkpoint_revision)), the recipe, or several of them.
+  - A run's ranks have the serving arguments and model directory of its own recipe, so it goes back only to
+    a deployment of the same recipe. A rollback to a C(previous) of another recipe fails, changing nothing,
+    naming both recipes and the run that goes back. A switch away from a C(current) of another recipe is
+    planned with RV(plan.no_rollback) - a failure of it cannot roll back by itself.
+  - O(state=committed) records O(image), O(revision) and O(recipe) as C(current), once they serve and passed
+    the smoke checks, and the old C(current) as C(previous). Recording what is current already changes
+    nothing.
+  - O(state=failed) records a switch to O(image), O(revision) and O(recipe) that failed, with O(reason);
+    C(current) stays (it serves again after the rollback, or, across recipes, once the run that
+    RV(plan.no_rollback) names deploys it again).
   - The file is written through a temporary file in the same directory and renamed, mode C(0600).
 options:
   path:
@@ -47,10 +57,15 @@ options:
       - Not set - with O(state=planned), the revision that serves now (a run that does not fetch the
         checkpoint keeps it); otherwise empty (not known).
     type: str
+  recipe:
+    description:
+      - The name of the model recipe this run deploys (or deployed), C(deployment_recipe_spec.name).
+    type: str
+    default: deepseek-v4.1-flash
   rollback:
     description:
       - With O(state=planned) - plan a rollback to the previous deployment instead of deploying O(image);
-        fails when no previous one is recorded.
+        fails when no previous one is recorded, or when it served another recipe than O(recipe).
     type: bool
     default: false
   smoke:
@@ -87,6 +102,7 @@ EXAMPLES = r"""
     path: /home/spark/.dsv41-two-sparks/deployments.json
     image: "{{ deployment_image }}"
     revision: main
+    recipe: "{{ deployment_recipe_spec.name }}"
   register: release
 
 - name: Record the new deployment once it passed its smoke checks
@@ -95,6 +111,7 @@ EXAMPLES = r"""
     state: committed
     image: "{{ release.plan.target.image }}"
     revision: "{{ release.plan.target.revision }}"
+    recipe: "{{ release.plan.target.recipe }}"
     smoke: passed
     downtime_seconds: 41.2
 """
@@ -109,7 +126,7 @@ plan:
       description: C(first), C(none), C(switch) or C(rollback).
       type: str
     target:
-      description: The C({image, revision}) this run deploys.
+      description: The C({image, revision, recipe}) this run deploys.
       type: dict
     current:
       description: The deployment recorded as serving, or null.
@@ -117,14 +134,22 @@ plan:
     previous:
       description: The deployment before it, or null.
       type: dict
+    no_rollback:
+      description:
+        - Null, or (C(current) served another recipe than O(recipe)) why a failure of this run does not roll
+          back to C(current) by itself, and the command that deploys it again.
+      type: str
     msg:
       description: The plan in words.
       type: str
   sample:
     action: switch
-    target: {image: "registry/engine@sha256:...", revision: main}
-    current: {image: "registry/engine@sha256:...", revision: main, time: 1796281902.0, smoke: passed}
+    target: {image: "registry/engine@sha256:...", revision: main, recipe: deepseek-v4.1-flash}
+    current:
+      {image: "registry/engine@sha256:...", revision: main, recipe: deepseek-v4.1-flash, time: 1796281902.0,
+       smoke: passed}
     previous: null
+    no_rollback: null
     msg: switching from ... to ...; the smoke checks gate it and a failure rolls back
 record:
   description: The record after this task (what it would be, in check mode).
@@ -146,6 +171,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     write_atomically,
 )
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._release import (
+    LEGACY_RECIPE,
     ReleaseError,
     committed,
     describe,
@@ -163,6 +189,7 @@ def main() -> None:
             "state": {"type": "str", "choices": ["planned", "committed", "failed"], "default": "planned"},
             "image": {"type": "str", "required": True},
             "revision": {"type": "str"},
+            "recipe": {"type": "str", "default": LEGACY_RECIPE},
             "rollback": {"type": "bool", "default": False},
             "smoke": {"type": "str"},
             "downtime_seconds": {"type": "float"},
@@ -176,9 +203,15 @@ def main() -> None:
     try:
         before_text = read_text(path)
         record = parse_record(before_text, path)
-        target = {"image": params["image"], "revision": params["revision"] or ""}
+        target = {"image": params["image"], "revision": params["revision"] or "", "recipe": params["recipe"]}
         if params["state"] == "planned":
-            planned = plan(record, params["image"], params["revision"], rollback=params["rollback"])
+            planned = plan(
+                record,
+                params["image"],
+                params["revision"],
+                recipe=params["recipe"],
+                rollback=params["rollback"],
+            )
             module.exit_json(changed=False, plan=planned, record=record, msg=planned["msg"])
         now = time.time()
         if params["state"] == "committed":

@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deployment"))
+from deployment_support import api_key
 from lab_support import REGISTRY, REPO, STATE, Lab
 
 INVENTORY = str(REPO / "inventory" / "lab-vllm" / "hosts.yml")
@@ -27,3 +28,9 @@ def lab() -> Lab:
         hub_token=(STATE / "hub-token").read_text().strip(),
         key=STATE / "ssh" / "id_ed25519",
     )
+
+
+@pytest.fixture(scope="session")
+def key(lab) -> str:
+    """The API key site.yml generated on the head."""
+    return api_key(lab)

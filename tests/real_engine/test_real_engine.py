@@ -13,26 +13,21 @@ import re
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
-from conftest import INVENTORY
-from deployment_support import (
-    api_key,
-    changed_nothing,
-    run_playbook,
-    supervisor_log,
-    supervisor_state,
+from deployment_support import changed_nothing, supervisor_log, supervisor_state
+from lab_support import wait_for
+from real_engine_support import (
+    ENGINE_START_SECONDS,
+    MODEL,
+    RANKS,
+    ask,
+    playbook,
+    record,
+    request,
+    started_at,
 )
-from lab_support import MGMT_ADDRESS, STATE, wait_for
 
-MODEL = "tiny-chat"
-API = f"http://{MGMT_ADDRESS['head']}:8000"
-RANKS = {"head": 0, "worker": 1}
-RESULTS = STATE / "real-engine-suite.json"
-# From docker start to the API answering, measured on this 2-core machine: 60-100 s (platform facts).
-ENGINE_START_SECONDS = 120
 FAST = {
     "supervisor_interval_seconds": 2,
     "supervisor_hang_seconds": 20,
@@ -44,49 +39,6 @@ FAST = {
     "supervisor_startup_timeout_minutes": 5,
 }
 HANG_BOUND = FAST["supervisor_hang_seconds"] + FAST["supervisor_probe_interval_seconds"] + 15
-
-
-def playbook(name: str, *args: str):
-    run, _ = run_playbook(f"playbooks/{name}", *args, inventory=INVENTORY)
-    return run
-
-
-def request(
-    path: str, body: dict | None = None, key: str | None = None, timeout: float = 60
-) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    data = json.dumps(body).encode() if body is not None else None
-    try:
-        with urllib.request.urlopen(
-            urllib.request.Request(API + path, data=data, headers=headers), timeout=timeout
-        ) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as error:
-        return error.code, {}
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, {}
-
-
-def ask(key: str, question: str, timeout: float = 30) -> str | None:
-    """The model's answer at temperature 0, or None when the API does not answer."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "temperature": 0}
-    status, answer = request("/v1/chat/completions", body, key, timeout)
-    if status != 200:
-        return None
-    return answer["choices"][0]["message"]["content"]
-
-
-def record(case: str, measured: float, bound: float, detail: str) -> None:
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results[case] = {"seconds": round(measured, 1), "bound": bound, "detail": detail, "at": time.time()}
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-
-
-@pytest.fixture(scope="module")
-def key(lab) -> str:
-    return api_key(lab)
 
 
 # --------------------------------------------------------------------------- the key and the clients
@@ -109,7 +61,8 @@ def test_the_ranks_run_the_recipes_command_line_by_the_images_entrypoint(lab):
         lab.ssh("head", "docker inspect --format '{{json .Config.Entrypoint}}' dsv41-r0").stdout
     )
     assert entrypoint == ["vllm", "serve"]
-    assert head[:3] == ["/model", "--served-model-name", MODEL] and head[-2:] == ["--port", "8000"]
+    assert head[:3] == ["/model", "--served-model-name", MODEL]
+    assert head[-5:] == ["--port", "8000", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     assert worker[-3:] == ["--node-rank", "1", "--headless"]
     env = lab.ssh("worker", "docker inspect --format '{{json .Config.Env}}' dsv41-r1").stdout
     assert "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env and "VLLM_API_KEY" not in env
@@ -139,10 +92,8 @@ def test_bench_measures_the_real_engine(tmp_path, key):
     summary = document["summary"]
     assert summary["prefill_1k"]["median"] > 0 and summary["decode_code_c1"]["median"] > 0, summary
     assert document["meta"]["status"] == "complete" and document["reference"] == {}
-    record("bench prefill 1k (tok/s)", summary["prefill_1k"]["median"], 0, "real engine, tiny model, 2 cores")
-    record(
-        "bench decode c1 (tok/s)", summary["decode_code_c1"]["median"], 0, "real engine, tiny model, 2 cores"
-    )
+    for case, figure in (("bench prefill 1k", "prefill_1k"), ("bench decode c1", "decode_code_c1")):
+        record(case, summary[figure]["median"], "tok/s", None, "bench.yml, tiny model, 2 cores")
     assert key not in run.stdout
 
 
@@ -174,12 +125,6 @@ def test_status_yml_shows_a_healthy_pair():
 
 
 # --------------------------------------------------------------------------- the supervisor
-
-
-def started_at(lab, node: str) -> str:
-    return lab.ssh(
-        node, f"docker inspect --format '{{{{.State.StartedAt}}}}' dsv41-r{RANKS[node]}"
-    ).stdout.strip()
 
 
 def recovered(lab) -> bool:
@@ -221,7 +166,7 @@ def test_a_lost_rank_or_node_is_healed_within_the_engines_start(supervised, key,
         subprocess.run(["docker", "restart", "worker"], check=True, capture_output=True, timeout=120)
     bound = ENGINE_START_SECONDS + 60
     seconds = healed(lab, key, since, bound, before)
-    record(fault, seconds, bound, "a chat request answers 391 again")
+    record(fault, seconds, "s", bound, "a chat request answers 391 again")
     assert seconds <= bound
 
 
@@ -270,6 +215,7 @@ def test_a_frozen_worker_is_caught_again_after_each_restart_and_then_given_up_on
             record(
                 f"worker {attempt}",
                 detected,
+                "s",
                 HANG_BOUND,
                 f"hang logged; answering again after {seconds:.0f} s",
             )

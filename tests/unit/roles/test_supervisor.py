@@ -1705,8 +1705,8 @@ def test_a_node_that_stops_answering_is_waited_for_however_long_then_the_group_r
     state = h.state()
     assert (state["state"], state["attempts"]) == ("node_wait", 0)
     assert state["reason"] == (
-        f"node not answering: spark-b (rc=255: ssh: connect to host {IPS['spark-b']} port 22: No route to host):"
-        " waiting for it to answer"
+        f"node not answering: spark-b (rc=255: ssh: connect to host {IPS['spark-b']} port 22:"
+        " No route to host): waiting for it to answer"
     )
     h.tick(200)  # 1,000 s: longer than every backoff of max_attempts (10+20+40+80+160 s)
     assert len(h.cluster.actions()) == 2 and h.state()["state"] == "node_wait"

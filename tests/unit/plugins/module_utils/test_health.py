@@ -214,3 +214,17 @@ def test_the_table_shows_the_deployment_record_without_judging_it():
     assert f"deployment: registry/engine@sha256:cccccccccccc, {since}, smoke passed" in lines[-5]
     assert lines[-4] == "previous: none recorded"
     assert lines[-3] == f"last failed switch: r@sha256:dddddddddddd, {since}: smoke: text"
+
+
+def test_the_table_names_the_recipe_each_recorded_deployment_served():
+    image = "registry/engine@sha256:" + "c" * 64
+    record = {
+        "version": 1,
+        "current": {"image": image, "revision": "", "recipe": "tiny-chat", "time": NOW, "smoke": "passed"},
+        # Recorded before entries named their recipe: shown without one.
+        "previous": {"image": "r@sha256:" + "d" * 64, "revision": "", "time": NOW, "smoke": "passed"},
+        "last_failed": None,
+    }
+    lines = health_table(verdict(deployments=record)).splitlines()
+    assert "deployment: registry/engine@sha256:cccccccccccc, recipe tiny-chat, since" in lines[-4]
+    assert lines[-3].startswith("previous: r@sha256:dddddddddddd, since")

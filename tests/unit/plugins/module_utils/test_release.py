@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from ansible_collections.sparkserve.dsv41.plugins.module_utils import _recipe
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _release as rel
 
 OLD = "registry/engine@sha256:" + "a" * 64
@@ -49,8 +50,9 @@ def test_a_record_that_is_not_one_is_refused_naming_the_file(text, message):
 def test_a_run_switches_when_the_image_differs_from_the_current_one(current, image, action):
     planned = rel.plan({**rel.empty_record(), "current": current}, image, "")
     assert planned["action"] == action
-    assert planned["target"] == {"image": image, "revision": ""}
+    assert planned["target"] == {"image": image, "revision": "", "recipe": rel.LEGACY_RECIPE}
     assert planned["current"] == current
+    assert planned["no_rollback"] is None
 
 
 @pytest.mark.parametrize(
@@ -69,11 +71,13 @@ def test_a_run_switches_when_the_image_differs_from_the_current_one(current, ima
 def test_a_run_switches_when_the_revision_differs(current_revision, revision, action, target_revision):
     record = {**rel.empty_record(), "current": {**deployed(OLD), "revision": current_revision}}
     planned = rel.plan(record, OLD, revision)
-    assert (planned["action"], planned["target"]) == (action, {"image": OLD, "revision": target_revision})
+    target = {"image": OLD, "revision": target_revision, "recipe": rel.LEGACY_RECIPE}
+    assert (planned["action"], planned["target"]) == (action, target)
 
 
 def test_with_nothing_recorded_an_unknown_revision_is_empty():
-    assert rel.plan(rel.empty_record(), NEW, None)["target"] == {"image": NEW, "revision": ""}
+    target = {"image": NEW, "revision": "", "recipe": "tiny-chat"}
+    assert rel.plan(rel.empty_record(), NEW, None, recipe="tiny-chat")["target"] == target
 
 
 def test_a_rollback_targets_the_previous_deployment_and_needs_one():
@@ -91,6 +95,7 @@ def test_a_passed_switch_makes_the_old_current_the_previous_and_a_rerun_changes_
     assert after["current"] == {
         "image": NEW,
         "revision": "",
+        "recipe": rel.LEGACY_RECIPE,
         "time": NOW,
         "smoke": "passed",
         "downtime_seconds": 12.5,
@@ -112,6 +117,7 @@ def test_a_failed_switch_keeps_current_and_previous():
     assert after["last_failed"] == {
         "image": NEW,
         "revision": "",
+        "recipe": rel.LEGACY_RECIPE,
         "time": NOW,
         "reason": "the smoke checks failed: text",
     }
@@ -123,3 +129,203 @@ def test_a_deployment_in_words():
         "registry/engine@sha256:aaaaaaaaaaaa, since 2027-01-15 07:00:00 UTC, smoke passed, switched in 4.2 s"
     )
     assert rel.describe(None) == "none recorded"
+
+
+# ----------------------------------------------------------------------------- recipes
+# Records as the head keeps them: the reference deployment (recorded before entries named their
+# recipe, and after), and the lab's tiny model served through a recipe of its own.
+DEEPSEEK = "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:" + "5668e35e5ee0" + "1" * 52
+TINY = "198.18.0.1:5000/sparkserve-lab/vllm-cpu@sha256:" + "3f1c0a9b7d2e" + "2" * 52
+REV_DS = "0123456789abcdef0123456789abcdef01234567"
+REV_TINY = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def served(image: str, revision: str, recipe: str | None, **extra) -> dict:
+    """A deployment entry; ``recipe`` None: written before entries named their recipe."""
+    entry = {**deployed(image, revision=revision, downtime_seconds=41.2), **extra}
+    if recipe is not None:
+        entry["recipe"] = recipe
+    return entry
+
+
+LEGACY_DS = served(DEEPSEEK, REV_DS, None)
+RECORDED_DS = served(DEEPSEEK, REV_DS, "deepseek-v4.1-flash")
+TINY_CHAT = served(TINY, REV_TINY, "tiny-chat")
+
+
+def test_the_legacy_recipe_is_the_shipped_reference_recipe():
+    assert _recipe.load_named(rel.LEGACY_RECIPE)["name"] == rel.LEGACY_RECIPE
+
+
+@pytest.mark.parametrize(
+    ("entry", "recipe"),
+    [(LEGACY_DS, "deepseek-v4.1-flash"), (RECORDED_DS, "deepseek-v4.1-flash"), (TINY_CHAT, "tiny-chat")],
+)
+def test_the_recipe_of_an_entry_is_recorded_or_the_legacy_one(entry, recipe):
+    assert rel.recipe_of(entry) == recipe
+
+
+@pytest.mark.parametrize(
+    ("current", "image", "revision", "recipe", "action"),
+    [
+        # The same image and revision: a run of the recipe they served switches nothing.
+        (RECORDED_DS, DEEPSEEK, REV_DS, "deepseek-v4.1-flash", "none"),
+        # An entry recorded before recipes served the reference recipe: nothing to switch either.
+        (LEGACY_DS, DEEPSEEK, REV_DS, "deepseek-v4.1-flash", "none"),
+        (LEGACY_DS, DEEPSEEK, None, "deepseek-v4.1-flash", "none"),
+        # Another recipe is another model, with the image and revision unchanged: a switch, gated.
+        (RECORDED_DS, DEEPSEEK, REV_DS, "vllm-generic", "switch"),
+        (LEGACY_DS, DEEPSEEK, REV_DS, "vllm-generic", "switch"),
+        (TINY_CHAT, TINY, None, "deepseek-v4.1-flash", "switch"),
+        (TINY_CHAT, TINY, REV_TINY, "tiny-chat", "none"),
+    ],
+)
+def test_a_run_switches_when_the_recipe_differs(current, image, revision, recipe, action):
+    planned = rel.plan({**rel.empty_record(), "current": current}, image, revision, recipe=recipe)
+    assert planned["action"] == action
+    assert planned["target"]["recipe"] == recipe
+    assert (planned["no_rollback"] is None) == (action == "none")
+
+
+@pytest.mark.parametrize(
+    ("current", "image", "revision", "recipe", "command"),
+    [
+        (
+            RECORDED_DS,
+            TINY,
+            REV_TINY,
+            "tiny-chat",
+            "ansible-playbook site.yml -e deployment_recipe=deepseek-v4.1-flash"
+            f" -e deployment_image={DEEPSEEK} -e checkpoint_revision={REV_DS}",
+        ),
+        # An entry recorded before recipes names the reference recipe as its own.
+        (
+            LEGACY_DS,
+            TINY,
+            REV_TINY,
+            "tiny-chat",
+            "ansible-playbook site.yml -e deployment_recipe=deepseek-v4.1-flash"
+            f" -e deployment_image={DEEPSEEK} -e checkpoint_revision={REV_DS}",
+        ),
+        # A deployment recorded before revisions: no revision to pin.
+        (
+            served(TINY, "", "tiny-chat"),
+            DEEPSEEK,
+            REV_DS,
+            "deepseek-v4.1-flash",
+            f"ansible-playbook site.yml -e deployment_recipe=tiny-chat -e deployment_image={TINY}",
+        ),
+    ],
+)
+def test_a_switch_across_recipes_does_not_roll_back_by_itself_and_names_the_run_that_goes_back(
+    current, image, revision, recipe, command
+):
+    planned = rel.plan({**rel.empty_record(), "current": current}, image, revision, recipe=recipe)
+    assert planned["action"] == "switch"
+    old = rel.recipe_of(current)
+    assert planned["no_rollback"] == (
+        f"No automatic rollback across recipes: {rel.short_image(current['image'])} served recipe {old}, and"
+        f" this run has the serving arguments and model directory of recipe {recipe}. To go back to it, run"
+        f" {command}"
+    )
+    assert planned["msg"].startswith(f"switching from {rel.short_image(current['image'])}")
+    assert planned["msg"].endswith(
+        f"; the smoke checks gate it and a failure does not roll back by itself (the current deployment"
+        f" served recipe {old}, this run serves {recipe})"
+    )
+
+
+def test_a_switch_within_a_recipe_still_rolls_back():
+    planned = rel.plan({**rel.empty_record(), "current": TINY_CHAT}, TINY, "f" * 40, recipe="tiny-chat")
+    assert (planned["action"], planned["no_rollback"]) == ("switch", None)
+    assert planned["msg"].endswith("; the smoke checks gate it and a failure rolls back")
+
+
+@pytest.mark.parametrize(
+    ("current", "previous", "recipe"),
+    [
+        # A switch to the tiny model passed; this run (the tiny model's inventory) asks to go back.
+        (TINY_CHAT, RECORDED_DS, "tiny-chat"),
+        (TINY_CHAT, LEGACY_DS, "tiny-chat"),
+        # The previous deployment served the tiny model; this run is the reference inventory's.
+        (RECORDED_DS, TINY_CHAT, "deepseek-v4.1-flash"),
+    ],
+)
+def test_a_rollback_on_demand_to_another_recipe_is_refused_naming_both_and_the_run_that_goes_back(
+    current, previous, recipe
+):
+    record = {**rel.empty_record(), "current": current, "previous": previous}
+    old = rel.recipe_of(previous)
+    with pytest.raises(rel.ReleaseError) as refused:
+        rel.plan(record, current["image"], None, recipe=recipe, rollback=True)
+    assert str(refused.value) == (
+        f"the previous deployment, {rel.short_image(previous['image'])}, served recipe {old} and this run"
+        f" serves recipe {recipe}: its ranks would start with the serving arguments and model directory of"
+        f" {recipe}. To go back to it, run rollback.yml -e deployment_recipe={old} (with the inventory"
+        " settings it was deployed with)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("current", "previous", "recipe", "no_rollback"),
+    [
+        # Within one recipe: a failed rollback rolls back to current, as any switch.
+        (served(DEEPSEEK, "f" * 40, "deepseek-v4.1-flash"), LEGACY_DS, "deepseek-v4.1-flash", False),
+        # The run that goes back across recipes (rollback.yml -e deployment_recipe=<previous's>): allowed,
+        # but a failure cannot go back to current, which served the other recipe.
+        (TINY_CHAT, RECORDED_DS, "deepseek-v4.1-flash", True),
+        (TINY_CHAT, LEGACY_DS, "deepseek-v4.1-flash", True),
+    ],
+)
+def test_a_rollback_on_demand_to_the_same_recipe_targets_the_previous_deployment(
+    current, previous, recipe, no_rollback
+):
+    record = {**rel.empty_record(), "current": current, "previous": previous}
+    planned = rel.plan(record, current["image"], None, recipe=recipe, rollback=True)
+    assert planned["action"] == "rollback"
+    assert planned["target"] == {
+        "image": previous["image"],
+        "revision": previous["revision"],
+        "recipe": recipe,
+    }
+    assert (planned["no_rollback"] is not None) == no_rollback
+    across = (
+        "a failure does not roll back by itself (the current deployment served recipe tiny-chat,"
+        f" this run serves {recipe})"
+    )
+    assert planned["msg"].endswith(across) == no_rollback
+
+
+def test_commits_and_failures_record_the_recipe():
+    record = {**rel.empty_record(), "current": RECORDED_DS, "previous": LEGACY_DS}
+    target = {"image": TINY, "revision": REV_TINY, "recipe": "tiny-chat"}
+    after = rel.committed(record, target, smoke="passed (text, stream)", downtime_seconds=2.0, now=NOW)
+    assert after["current"]["recipe"] == "tiny-chat" and after["previous"] == RECORDED_DS
+    # The same image and revision under another recipe is a new deployment, not a re-run.
+    other = rel.committed(
+        after, {**target, "recipe": "vllm-generic"}, smoke="passed", downtime_seconds=None, now=NOW
+    )
+    assert (other["current"]["recipe"], other["previous"]["recipe"]) == ("vllm-generic", "tiny-chat")
+    fail = rel.failed(record, target, reason="the smoke checks failed: text", now=NOW)
+    assert fail["last_failed"]["recipe"] == "tiny-chat" and fail["current"] == RECORDED_DS
+
+
+def test_committing_the_legacy_deployment_under_its_recipe_is_a_rerun():
+    record = {**rel.empty_record(), "current": LEGACY_DS}
+    target = {"image": DEEPSEEK, "revision": REV_DS, "recipe": "deepseek-v4.1-flash"}
+    assert rel.committed(record, target, smoke="passed", downtime_seconds=None, now=NOW) == record
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        (LEGACY_DS, f"ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e35e5ee0, revision {REV_DS},"),
+        (
+            TINY_CHAT,
+            "198.18.0.1:5000/sparkserve-lab/vllm-cpu@sha256:3f1c0a9b7d2e, recipe tiny-chat,"
+            f" revision {REV_TINY},",
+        ),
+    ],
+)
+def test_a_deployment_in_words_names_its_recipe_when_recorded(entry, words):
+    assert rel.describe(entry).startswith(words)

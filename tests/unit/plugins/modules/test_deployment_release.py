@@ -71,3 +71,34 @@ def test_bad_input_fails_before_anything_changes(tmp_path, run_module):
     missing = run_module(deployment_release, {"path": str(path), "image": NEW, "state": "failed"})
     assert missing.failed and "reason" in missing["msg"]
     assert not path.exists(), "a refused task writes no record"
+
+
+def test_the_recipe_is_recorded_and_a_rollback_to_another_one_is_refused(tmp_path, run_module):
+    path = tmp_path / "deployments.json"
+    # A record written before entries named their recipe: the reference deployment.
+    path.write_text(json.dumps({"version": 1, "current": {"image": OLD, "revision": "a" * 40}}))
+    same = run_module(deployment_release, {"path": str(path), "image": OLD})
+    assert (same["plan"]["action"], same["plan"]["no_rollback"]) == ("none", None)
+    tiny = {"path": str(path), "image": NEW, "revision": "b" * 40, "recipe": "tiny-chat"}
+    switch = run_module(deployment_release, tiny)
+    assert switch["plan"]["action"] == "switch"
+    assert "deployment_recipe=deepseek-v4.1-flash" in switch["plan"]["no_rollback"]
+    run_module(deployment_release, {**tiny, "state": "committed", "smoke": "passed"})
+    record = json.loads(path.read_text())
+    assert (record["current"]["recipe"], record["previous"].get("recipe")) == ("tiny-chat", None)
+
+    before = snapshot(tmp_path)
+    refused = run_module(deployment_release, {**tiny, "rollback": True})
+    assert refused.failed
+    assert refused["msg"].startswith(
+        "the previous deployment, registry/engine@sha256:aaaaaaaaaaaa, served recipe"
+    )
+    assert "run rollback.yml -e deployment_recipe=deepseek-v4.1-flash" in refused["msg"]
+    assert snapshot(tmp_path) == before
+    back = run_module(deployment_release, {"path": str(path), "image": NEW, "rollback": True})
+    assert (back["plan"]["action"], back["plan"]["target"]["recipe"]) == ("rollback", "deepseek-v4.1-flash")
+    assert "deployment_recipe=tiny-chat" in back["plan"]["no_rollback"]
+
+    failed = {**tiny, "state": "failed", "reason": "the smoke checks failed: text", "recipe": "vllm-generic"}
+    run_module(deployment_release, failed)
+    assert json.loads(path.read_text())["last_failed"]["recipe"] == "vllm-generic"
