@@ -2,7 +2,7 @@
 
 A multi-node vLLM rank group is all or nothing: when one rank dies, the supervisor on the head
 restarts every rank in order. To do that it needs, on every node, a status it can trust and a
-start and a stop, and nothing more. This program is that narrow door. It needs docker (root, or
+start, a stop and a kill, and nothing more. This program is that narrow door. It needs docker (root, or
 a user in the docker group) and knows one container name, from its config file, so the
 supervisor's SSH key can be pinned to it on a worker as a forced command:
 
@@ -10,9 +10,9 @@ supervisor's SSH key can be pinned to it on a worker as a forced command:
 
 (Through ``sudo -n``, sudoers must keep SSH_ORIGINAL_COMMAND: its env_reset drops it.)
 
-The verb (``status``, ``start`` or ``stop``) comes from the command line or, when that has none,
-from ``SSH_ORIGINAL_COMMAND`` (the command the supervisor asked ssh to run). Anything other than
-exactly one of the three verbs is refused with exit 2: this program must never become a way to
+The verb (``status``, ``start``, ``stop`` or ``kill``) comes from the command line or, when that
+has none, from ``SSH_ORIGINAL_COMMAND`` (the command the supervisor asked ssh to run). Anything
+other than exactly one of the verbs is refused with exit 2: this program must never become a way to
 run arbitrary commands, so it never hands the verb to a shell or to docker as anything but a
 fixed argv.
 
@@ -20,7 +20,8 @@ fixed argv.
 exist), its exit code, start and finish times, restart count and OOM flag, the node's boot id
 (a reboot changes it), MemAvailable, the time of the memory guard's last kill, and the state of
 the fabric link the ranks talk over (``fabric_ifname`` in the config: its sysfs operstate and
-carrier; null when none is configured). ``start`` and ``stop`` print one JSON line
+carrier; null when none is configured). ``stop`` gives vLLM docker's grace period to exit;
+``kill`` gives none (a hung rank cannot exit). ``start``, ``stop`` and ``kill`` print one JSON line
 ``{"verb", "ok", "detail"}``. Exit 0 on success, 1 on failure.
 
 Stdlib only, Python 3.10+. The docker output parsing is made of pure functions and the verbs
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-VERBS = ("status", "start", "stop")
+VERBS = ("status", "start", "stop", "kill")
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
 KIB = 1024
 
@@ -59,6 +60,9 @@ DOCKER_ZERO_TIME = "0001-01-01T00:00:00Z"
 # Docker says "No such container" with --type container and "No such object" without, in both
 # the CLI's and the daemon's wording ("Error: ..." / "Error response from daemon: ...").
 NO_SUCH_CONTAINER_RE = re.compile(r"no such (container|object)", re.IGNORECASE)
+# `docker kill` of a container that exited meanwhile (docker 28, measured):
+# "Error response from daemon: Cannot kill container: NAME: Container ID is not running".
+NOT_RUNNING_RE = re.compile(r"is not running", re.IGNORECASE)
 # Docker container names; checking the config against it keeps the name unable to pass as an option.
 CONTAINER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Linux netdev names (the kernel's dev_valid_name): 1-15 characters, no '/', ':' or whitespace, and
@@ -449,13 +453,35 @@ def do_stop(config: Config, run: Runner) -> tuple[bool, str]:
     return True, f"stopped {config.container} (was {facts.state})"
 
 
+def do_kill(config: Config, run: Runner) -> tuple[bool, str]:
+    """Kill the container (SIGKILL, no grace period): for a hung rank, which cannot shut down. Missing
+    or not running is success, as for stop (docker kills a paused container too: measured)."""
+    try:
+        facts = inspect(config, run)
+    except DockerError as exc:
+        return False, str(exc)
+    if facts.state == MISSING.state:
+        return True, f"container {config.container} does not exist"
+    if facts.state not in STOPPABLE_STATES:
+        return True, f"{config.container} already {facts.state}"
+    result = run([config.docker, "kill", config.container], STOP_TIMEOUT)
+    if result.returncode != 0:
+        if NO_SUCH_CONTAINER_RE.search(result.stderr) or NOT_RUNNING_RE.search(result.stderr):
+            return True, f"{config.container} exited or was removed before the kill"
+        return False, docker_failure(f"docker kill {config.container}", result)
+    return True, f"killed {config.container} (was {facts.state})"
+
+
+ACTIONS = {"start": do_start, "stop": do_stop, "kill": do_kill}
+
+
 def run_verb(
     verb: str, config: Config, run: Runner, *, hostname: str, clock: Callable[[], float]
 ) -> tuple[int, dict]:
     """Exit code and the JSON document to print for one verb."""
     if verb == "status":
         return do_status(config, run, hostname=hostname, clock=clock)
-    ok, detail = do_start(config, run) if verb == "start" else do_stop(config, run)
+    ok, detail = ACTIONS[verb](config, run)
     return (EXIT_OK if ok else EXIT_FAILED), {"verb": verb, "ok": ok, "detail": detail}
 
 
@@ -467,13 +493,13 @@ def run_verb(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dsv41_rankctl",
-        description="Status, start or stop this node's dsv41 rank container (and nothing else).",
+        description="Status, start, stop or kill this node's dsv41 rank container (and nothing else).",
     )
     parser.add_argument(
         "--config", required=True, help="JSON config: container, state_dir, docker, fabric_ifname"
     )
     parser.add_argument(
-        "verb", nargs="?", default=None, help="status, start or stop (default: $SSH_ORIGINAL_COMMAND)"
+        "verb", nargs="?", default=None, help="status, start, stop or kill (default: $SSH_ORIGINAL_COMMAND)"
     )
     return parser
 

@@ -553,7 +553,59 @@ def test_stop(config: rc.Config, inspect, results, *, ok: bool, verbs: list[str]
         assert rc.STOP_TIMEOUT > rc.STOP_GRACE_SECONDS
 
 
-@pytest.mark.parametrize(("verb", "code"), [("start", 0), ("stop", 0), ("status", 0)])
+NOT_RUNNING = rc.CommandResult(
+    1,
+    "",
+    "Error response from daemon: Cannot kill container: dsv41-r1: Container"
+    " c334b1ddfd195ffdd0a6b1288f6a6b75417603caf23c389a9af740cdc161457f is not running\n",
+)
+
+
+@pytest.mark.parametrize(
+    ("inspect", "results", "ok", "verbs", "detail"),
+    [
+        pytest.param(inspect_output("running"), {}, True, ["inspect", "kill"], "killed", id="running"),
+        pytest.param(inspect_output("paused"), {}, True, ["inspect", "kill"], "was paused", id="paused"),
+        pytest.param(MISSING_CLI, {}, True, ["inspect"], "does not exist", id="missing-is-fine"),
+        pytest.param(inspect_output("exited_137_oom"), {}, True, ["inspect"], "already exited", id="exited"),
+        pytest.param(DAEMON_DOWN, {}, False, ["inspect"], "Cannot connect", id="daemon-down"),
+        pytest.param(
+            inspect_output("running"),
+            {"kill": NOT_RUNNING},
+            True,
+            ["inspect", "kill"],
+            "exited",
+            id="exited-meanwhile",
+        ),
+        pytest.param(
+            inspect_output("running"),
+            {"kill": MISSING_DAEMON},
+            True,
+            ["inspect", "kill"],
+            "was removed before the kill",
+            id="removed-meanwhile",
+        ),
+        pytest.param(
+            inspect_output("running"),
+            {"kill": rc.CommandResult(124, "", "timed out after 60s")},
+            False,
+            ["inspect", "kill"],
+            "docker kill dsv41-r1 failed (rc=124): timed out",
+            id="kill-times-out",
+        ),
+    ],
+)
+def test_kill(config: rc.Config, inspect, results, *, ok: bool, verbs: list[str], detail: str) -> None:
+    """A hung rank is killed: no grace period, which a frozen engine would only wait out."""
+    docker = FakeDocker(inspect, **results)
+    got_ok, got_detail = rc.do_kill(config, docker)
+    assert (got_ok, docker.verbs()) == (ok, verbs)
+    assert detail in got_detail
+    if "kill" in verbs:
+        assert docker.calls[-1] == (["docker", "kill", "dsv41-r1"], rc.STOP_TIMEOUT)
+
+
+@pytest.mark.parametrize(("verb", "code"), [("start", 0), ("stop", 0), ("kill", 0), ("status", 0)])
 def test_run_verb_documents(config: rc.Config, verb: str, code: int) -> None:
     got_code, doc = rc.run_verb(
         verb, config, FakeDocker(inspect_output("running")), hostname="spark-b", clock=lambda: NOW
@@ -699,7 +751,7 @@ def test_forced_command_refuses_anything_else_and_runs_nothing(installed: Path, 
     done = run_program(installed, ssh=ssh)
     assert done.returncode == 2
     assert done.stdout == ""
-    assert "refused" in done.stderr and "only status, start, stop are allowed" in done.stderr
+    assert "refused" in done.stderr and "only status, start, stop, kill are allowed" in done.stderr
     assert docker_calls(installed) == []
 
 

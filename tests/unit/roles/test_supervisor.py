@@ -288,7 +288,7 @@ class FakeCluster:
                 self.api.health = self.api.health_after_start
                 self.api.new_process()
         else:
-            assert verb == "stop"
+            assert verb in ("stop", "kill")
             if node.state == "running":
                 node.state, node.exit_code, node.finished_at = "exited", 0, iso(self.clock.now)
             if node.rank == 0:
@@ -299,7 +299,7 @@ class FakeCluster:
         return [(node, verb) for node, verb, _, _ in self.calls if verb != "status"]
 
     def head_stop_times(self) -> list[float]:
-        return [when for node, verb, _, when in self.calls if (node, verb) == ("spark-a", "stop")]
+        return [when for node, verb, _, when in self.calls if node == "spark-a" and verb in ("stop", "kill")]
 
 
 class Harness:
@@ -2084,9 +2084,10 @@ def test_a_killed_worker_makes_the_head_answer_500_then_exit_and_the_group_resta
         h.head.die(1)
         h.api.health = None
     h.tick()
+    halt = "kill" if how == "500-first" else "stop"  # a probe that failed with no progress: a hang
     assert h.cluster.actions() == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
+        ("spark-a", halt),
+        ("spark-b", halt),
         ("spark-b", "start"),
         ("spark-a", "start"),
     ]
@@ -2099,6 +2100,35 @@ def test_a_killed_worker_makes_the_head_answer_500_then_exit_and_the_group_resta
     h.api.probe_status = 200
     h.tick()
     assert h.sup.memory.state is sup.State.HEALTHY
+
+
+def test_a_hung_group_is_killed_not_stopped_also_after_a_backoff_and_a_lost_rank_is_stopped(
+    h: Harness,
+) -> None:
+    """Measured on vLLM 0.32: each rank of a frozen pair waited out docker stop's 30 s grace period.
+    A hang's restart kills (no grace period), and so does the restart after its backoff; a lost rank's
+    restart still stops the survivors gracefully."""
+    h.adopt_healthy()
+    h.tick()
+    h.api.answers_per_start = 1  # every new head answers one probe (healthy), then hangs
+    h.api.answers_left = 0  # and the running one hangs now
+    h.until(lambda: h.sup.memory.state is sup.State.BACKOFF)
+    first_restart = h.cluster.actions()[:4]
+    assert first_restart == [
+        ("spark-a", "kill"),
+        ("spark-b", "kill"),
+        ("spark-b", "start"),
+        ("spark-a", "start"),
+    ]
+    assert h.sup.memory.kill_on_restart is True
+    h.until(lambda: len(h.cluster.actions()) > 4)
+    assert h.cluster.actions()[4:6] == [("spark-a", "kill"), ("spark-b", "kill")]
+    h.api.answers_per_start = None  # the engine works again
+    h.until(lambda: h.sup.memory.state is sup.State.HEALTHY and h.sup.memory.recovered)
+    before = len(h.cluster.actions())
+    h.worker.die(1)
+    h.tick()
+    assert h.cluster.actions()[before : before + 2] == [("spark-a", "stop"), ("spark-b", "stop")]
 
 
 def test_a_group_that_hangs_soon_after_every_restart_is_given_up_on_and_says_why(h: Harness) -> None:
