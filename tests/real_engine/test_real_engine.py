@@ -170,6 +170,39 @@ def test_a_lost_rank_or_node_is_healed_within_the_engines_start(supervised, key,
     assert seconds <= bound
 
 
+# Measured on this machine (recipe tiny-chat: 128-token chunks): 30,000 prompt tokens take about
+# 50 s to prefill, while /metrics shows only vllm:kv_cache_usage_perc rising.
+LONG_PROMPT_TOKENS = 30_000
+
+
+def test_a_prompt_whose_prefill_outlasts_the_hang_threshold_is_answered_not_restarted(supervised, key):
+    lab = supervised
+    assert wait_for(lambda: recovered(lab), timeout=180, interval=2), supervisor_log(lab)[-3000:]
+    before = {node: started_at(lab, node) for node in RANKS}
+    log_start = len(supervisor_log(lab))
+    ids = [300 + (i * 7919) % 700 for i in range(LONG_PROMPT_TOKENS)]  # inside bench.token_ids
+    since = time.monotonic()
+    status, answer = request(
+        "/v1/completions", {"model": MODEL, "prompt": ids, "max_tokens": 1}, key, timeout=600
+    )
+    seconds = time.monotonic() - since
+    assert status == 200 and answer["usage"]["prompt_tokens"] == LONG_PROMPT_TOKENS, (status, answer)
+    # Else the case proves nothing: the prefill must outlast the hang threshold and a probe interval.
+    quiet = FAST["supervisor_hang_seconds"] + FAST["supervisor_probe_interval_seconds"]
+    assert seconds > quiet, f"prefill took {seconds:.0f} s only: use a longer prompt"
+    assert {node: started_at(lab, node) for node in RANKS} == before, "no rank was restarted"
+    log = supervisor_log(lab)[log_start:]
+    assert "hang" not in log and "action=restart" not in log, log
+    assert supervisor_state(lab)["state"] == "healthy"
+    record(
+        f"prefill of {LONG_PROMPT_TOKENS:,} tokens",
+        seconds,
+        "s",
+        quiet,
+        f"answered, no restart (hang threshold {FAST['supervisor_hang_seconds']} s)",
+    )
+
+
 def freeze_worker(lab) -> None:
     """Every process of the worker's rank stopped from the node (SIGSTOP): Docker still reports the
     container running, as a rank stuck in a collective looks."""
