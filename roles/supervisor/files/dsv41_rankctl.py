@@ -434,8 +434,8 @@ def do_start(config: Config, run: Runner) -> tuple[bool, str]:
     return True, f"started {config.container} (was {facts.state})"
 
 
-def do_stop(config: Config, run: Runner) -> tuple[bool, str]:
-    """Stop the container; missing or already stopped is success (the goal is "not running")."""
+def _halt(config: Config, run: Runner, verb: str, argv: list[str]) -> tuple[bool, str]:
+    """Stop or kill the container; missing or not running is success (the goal is "not running")."""
     try:
         facts = inspect(config, run)
     except DockerError as exc:
@@ -444,32 +444,27 @@ def do_stop(config: Config, run: Runner) -> tuple[bool, str]:
         return True, f"container {config.container} does not exist"
     if facts.state not in STOPPABLE_STATES:
         return True, f"{config.container} already {facts.state}"
-    argv = [config.docker, "stop", "--time", str(STOP_GRACE_SECONDS), config.container]
     result = run(argv, STOP_TIMEOUT)
     if result.returncode != 0:
-        if NO_SUCH_CONTAINER_RE.search(result.stderr):  # removed between inspect and stop
-            return True, f"container {config.container} does not exist"
-        return False, docker_failure(f"docker stop {config.container}", result)
-    return True, f"stopped {config.container} (was {facts.state})"
+        # Removed, or exited, between inspect and now: not running either way.
+        if NO_SUCH_CONTAINER_RE.search(result.stderr) or NOT_RUNNING_RE.search(result.stderr):
+            gone = "does not exist" if NO_SUCH_CONTAINER_RE.search(result.stderr) else "already exited"
+            return True, f"container {config.container} {gone}"
+        return False, docker_failure(f"docker {verb} {config.container}", result)
+    return True, f"{'killed' if verb == 'kill' else 'stopped'} {config.container} (was {facts.state})"
+
+
+def do_stop(config: Config, run: Runner) -> tuple[bool, str]:
+    """Stop the container, giving vLLM docker's grace period to exit."""
+    return _halt(
+        config, run, "stop", [config.docker, "stop", "--time", str(STOP_GRACE_SECONDS), config.container]
+    )
 
 
 def do_kill(config: Config, run: Runner) -> tuple[bool, str]:
-    """Kill the container (SIGKILL, no grace period): for a hung rank, which cannot shut down. Missing
-    or not running is success, as for stop (docker kills a paused container too: measured)."""
-    try:
-        facts = inspect(config, run)
-    except DockerError as exc:
-        return False, str(exc)
-    if facts.state == MISSING.state:
-        return True, f"container {config.container} does not exist"
-    if facts.state not in STOPPABLE_STATES:
-        return True, f"{config.container} already {facts.state}"
-    result = run([config.docker, "kill", config.container], STOP_TIMEOUT)
-    if result.returncode != 0:
-        if NO_SUCH_CONTAINER_RE.search(result.stderr) or NOT_RUNNING_RE.search(result.stderr):
-            return True, f"{config.container} exited or was removed before the kill"
-        return False, docker_failure(f"docker kill {config.container}", result)
-    return True, f"killed {config.container} (was {facts.state})"
+    """Kill the container (SIGKILL, no grace period): for a hung rank, which cannot shut down
+    (docker kills a paused container too: measured)."""
+    return _halt(config, run, "kill", [config.docker, "kill", config.container])
 
 
 ACTIONS = {"start": do_start, "stop": do_stop, "kill": do_kill}

@@ -582,7 +582,7 @@ NOT_RUNNING = rc.CommandResult(
             {"kill": MISSING_DAEMON},
             True,
             ["inspect", "kill"],
-            "was removed before the kill",
+            "does not exist",
             id="removed-meanwhile",
         ),
         pytest.param(
