@@ -60,7 +60,7 @@ DOCKER_ZERO_TIME = "0001-01-01T00:00:00Z"
 # Docker says "No such container" with --type container and "No such object" without, in both
 # the CLI's and the daemon's wording ("Error: ..." / "Error response from daemon: ...").
 NO_SUCH_CONTAINER_RE = re.compile(r"no such (container|object)", re.IGNORECASE)
-# `docker kill` of a container that exited meanwhile (docker 28, measured):
+# `docker kill` of a container that exited meanwhile (Docker 20.10, measured):
 # "Error response from daemon: Cannot kill container: NAME: Container ID is not running".
 NOT_RUNNING_RE = re.compile(r"is not running", re.IGNORECASE)
 # Docker container names; checking the config against it keeps the name unable to pass as an option.
