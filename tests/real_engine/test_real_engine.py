@@ -245,6 +245,9 @@ def test_a_frozen_worker_is_caught_again_after_each_restart_and_then_given_up_on
             detected = hang_detected(lab, log_start, since)
             bound = HANG_BOUND + ENGINE_START_SECONDS
             seconds = healed(lab, key, since, bound, before)
+            steps = supervisor_log(lab)[log_start:]
+            # A frozen rank cannot shut down: killed, not given docker stop's grace period.
+            assert "kill rank 0 on head: ok" in steps and "kill rank 1 on worker: ok" in steps, steps
             record(
                 f"worker {attempt}",
                 detected,

@@ -973,12 +973,24 @@ def node_wait_reason(gone: Sequence[RankStatus]) -> str:
     return f"node not answering: {nodes}: waiting for it to answer"
 
 
-def _node_stop(gone: Sequence[RankStatus], memory: Memory) -> Decision:
+def _node_stop(gone: Sequence[RankStatus], memory: Memory, settings: Settings) -> Decision:
     """A node that does not answer (rebooting, powered off, its network down) cannot be restarted
     from here, and a restart that cannot reach it would only count failed attempts until the
     supervisor gave up, minutes before the node came back: stop the group and wait for the node.
-    Not a failed attempt, as a fabric wait is not."""
-    return Decision(Action.STOP, State.NODE_WAIT, node_wait_reason(gone), memory.attempts)
+    The wait is no failed attempt; losing the node before the group recovered from its last start
+    is one (a node that drops off whenever its rank starts is given up on, not restarted for ever)."""
+    reason = node_wait_reason(gone)
+    if memory.state is State.STARTING or (memory.state is State.HEALTHY and not memory.recovered):
+        attempts = memory.attempts + 1
+        if attempts >= settings.max_attempts:
+            return Decision(
+                Action.STOP,
+                State.GAVE_UP,
+                f"gave up after {attempts} failed attempts in a row; last: {reason}",
+                attempts,
+            )
+        return Decision(Action.STOP, State.NODE_WAIT, reason, attempts)
+    return Decision(Action.STOP, State.NODE_WAIT, reason, memory.attempts)
 
 
 def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
@@ -1170,7 +1182,7 @@ def decide(obs: Observation, memory: Memory, now: float, settings: Settings) -> 
         return _fabric_stop(down, memory)
     gone = unreachable_nodes(obs.ranks)
     if gone and memory.state not in _NODE_RULE_EXEMPT:
-        return _node_stop(gone, memory)
+        return _node_stop(gone, memory, settings)
     if memory.needs_adoption:
         return _adopt(obs)
     waiting = _WAITING.get(memory.state)
@@ -1505,7 +1517,9 @@ class Supervisor:
             failed = (
                 Decision(Action.NONE, State.NODE_WAIT, node_wait_reason(gone), decision.attempts)
                 if gone
-                else failed_attempt(decision.attempts, f"group restart: {failure}", now, self.settings)
+                else failed_attempt(
+                    decision.attempts, f"group restart: {failure}", now, self.settings, kill=decision.kill
+                )
             )
             self.log_decision(failed)
             # needs_adoption off: a first look that failed to start the group must back off too.

@@ -207,6 +207,7 @@ class FakeNode:
         self.memguard_last_kill: float | None = None
         self.unreachable = False
         self.vanish_on: str | None = None  # the verb at which the node stops answering (a reboot)
+        self.vanish_after_start = False  # the node drops off once its rank has started (a crash)
         self.fail: set[str] = set()
         self.fabric: Any = ABSENT
 
@@ -284,6 +285,7 @@ class FakeCluster:
             self.starts += 1
             node.state, node.exit_code, node.finished_at = "running", None, None
             node.started_at = iso(self.clock.now + self.starts / 1000)
+            node.unreachable = node.vanish_after_start
             if node.rank == 0:
                 self.api.health = self.api.health_after_start
                 self.api.new_process()
@@ -1737,6 +1739,25 @@ def test_a_node_lost_during_a_restart_is_waited_for_not_counted(h: Harness) -> N
     come_back_from_a_reboot(h.worker)
     h.until(lambda: h.sup.memory.state is sup.State.STARTING)
     assert h.cluster.actions()[-2:] == [("spark-b", "start"), ("spark-a", "start")]
+
+
+def test_a_node_that_drops_off_whenever_its_rank_starts_is_given_up_on(h: Harness) -> None:
+    """Losing the node before the group recovered is a failed start: not restarted for ever."""
+    h.adopt_healthy()
+    h.worker.vanish_after_start = True
+    h.worker.die(1)
+    for _ in range(300):
+        h.tick()
+        if h.sup.memory.state is sup.State.NODE_WAIT:
+            h.worker.unreachable = False  # it comes back, and drops off again at the next start
+        if h.sup.memory.state is sup.State.GAVE_UP:
+            break
+    state = h.state()
+    assert (state["state"], state["attempts"]) == ("gave_up", 5), h.log_lines("decision")
+    assert state["reason"].startswith(
+        "gave up after 5 failed attempts in a row; last: node not answering: spark-b"
+    )
+    assert h.cluster.starts == 2 * 5  # the start after the loss, then one per failed attempt
 
 
 def test_a_node_that_stops_answering_after_the_supervisor_gave_up_changes_nothing(h: Harness) -> None:
