@@ -145,6 +145,12 @@ def plan(
     """
     current, previous = record["current"], record["previous"]
     if revision is None:
+        if current is not None and recipe_of(current) != recipe and not rollback:
+            raise ReleaseError(
+                f"this run serves recipe {recipe} and {describe(current)} serves recipe"
+                f" {recipe_of(current)}: a change of recipe needs its own checkpoint, which this run does"
+                " not fetch (run site.yml without --tags, or with the checkpoint tag)"
+            )
         revision = current.get("revision", "") if current is not None else ""
     no_rollback = across = None
     if current is not None and recipe_of(current) != recipe:
@@ -180,6 +186,13 @@ def plan(
         target = {"image": image, "revision": revision, "recipe": recipe}
         if current is None:
             action, msg = "first", f"first recorded deployment: {describe(target)}"
+        elif same(current, image, revision, recipe) and stranded(record) is not None:
+            # The ranks run what a failed switch across recipes left: going back is a switch too.
+            action = "switch"
+            msg = (
+                f"the ranks run {describe(stranded(record))}, left by its failed switch; switching back to"
+                f" {describe(current)}; the smoke checks gate it"
+            )
         elif same(current, image, revision, recipe):
             action, msg = "none", f"serving {describe(current)}; nothing to switch"
         else:
@@ -196,6 +209,13 @@ def plan(
     }
 
 
+def stranded(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The failed switch whose ranks still run (it was across recipes, so nothing rolled it back),
+    until a deployment passes its smoke checks again; None when the ranks run ``current``."""
+    entry = record["last_failed"]
+    return entry if entry is not None and entry.get("left_serving") else None
+
+
 def committed(
     record: dict[str, Any],
     target: dict[str, Any],
@@ -207,6 +227,11 @@ def committed(
     """The record once ``target`` (``{image, revision, recipe}``) serves and passed its smoke checks.
     Committing what is current already changes nothing (a re-run)."""
     current = record["current"]
+    if stranded(record) is not None:  # the ranks run what passed now, not what the failure left
+        record = {
+            **record,
+            "last_failed": {k: v for k, v in record["last_failed"].items() if k != "left_serving"},
+        }
     if same(current, target["image"], target.get("revision", ""), recipe_of(target)):
         return record
     entry = {
@@ -220,9 +245,11 @@ def committed(
     return {**record, "current": entry, "previous": current if current is not None else record["previous"]}
 
 
-def failed(record: dict[str, Any], target: dict[str, Any], *, reason: str, now: float) -> dict[str, Any]:
-    """The record once a switch to ``target`` failed (``current`` serves again, unless the switch
-    left another recipe: see :func:`plan`)."""
+def failed(
+    record: dict[str, Any], target: dict[str, Any], *, reason: str, now: float, left_serving: bool = False
+) -> dict[str, Any]:
+    """The record once a switch to ``target`` failed: ``current`` serves again, unless the switch was
+    across recipes (``left_serving``: its ranks still run, see :func:`stranded`)."""
     entry = {
         "image": target["image"],
         "revision": target.get("revision", ""),
@@ -230,4 +257,6 @@ def failed(record: dict[str, Any], target: dict[str, Any], *, reason: str, now: 
         "time": now,
         "reason": reason,
     }
+    if left_serving:
+        entry["left_serving"] = True
     return {**record, "last_failed": entry}

@@ -80,6 +80,13 @@ options:
     description:
       - With O(state=failed) - what failed (the check and its evidence, or the rank that did not start).
     type: str
+  left_serving:
+    description:
+      - With O(state=failed) - the failed switch's ranks still run (a switch across recipes does not
+        roll back by itself). The next run that deploys C(current) again is then a switch, gated by
+        the smoke checks; the mark goes once a deployment passes them.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -194,6 +201,7 @@ def main() -> None:
             "smoke": {"type": "str"},
             "downtime_seconds": {"type": "float"},
             "reason": {"type": "str"},
+            "left_serving": {"type": "bool", "default": False},
         },
         required_if=[("state", "committed", ["smoke"]), ("state", "failed", ["reason"])],
         supports_check_mode=True,
@@ -220,7 +228,9 @@ def main() -> None:
             )
             msg = f"serving {describe(after['current'])}; previous: {describe(after['previous'])}"
         else:
-            after = failed(record, target, reason=params["reason"], now=now)
+            after = failed(
+                record, target, reason=params["reason"], now=now, left_serving=params["left_serving"]
+            )
             msg = f"recorded the failed switch: {describe(after['last_failed'])}"
     except (ReleaseError, FileContentError) as exc:
         module.fail_json(msg=str(exc), path=path)

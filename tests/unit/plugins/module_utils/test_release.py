@@ -176,7 +176,6 @@ def test_the_recipe_of_an_entry_is_recorded_or_the_legacy_one(entry, recipe):
         # Another recipe is another model, with the image and revision unchanged: a switch, gated.
         (RECORDED_DS, DEEPSEEK, REV_DS, "vllm-generic", "switch"),
         (LEGACY_DS, DEEPSEEK, REV_DS, "vllm-generic", "switch"),
-        (TINY_CHAT, TINY, None, "deepseek-v4.1-flash", "switch"),
         (TINY_CHAT, TINY, REV_TINY, "tiny-chat", "none"),
     ],
 )
@@ -233,6 +232,40 @@ def test_a_switch_across_recipes_does_not_roll_back_by_itself_and_names_the_run_
         f"; the smoke checks gate it and a failure does not roll back by itself (the current deployment"
         f" served recipe {old}, this run serves {recipe})"
     )
+
+
+def test_a_change_of_recipe_that_does_not_fetch_its_checkpoint_is_refused():
+    """site.yml --tags rank -e deployment_recipe=B: the ranks would mount B's model directory at A's
+    revision, which does not exist there."""
+    with pytest.raises(rel.ReleaseError, match="a change of recipe needs its own checkpoint") as refused:
+        rel.plan({**rel.empty_record(), "current": TINY_CHAT}, TINY, None, recipe="deepseek-v4.1-flash")
+    assert "serves recipe tiny-chat" in str(refused.value)
+    # The same recipe without the checkpoint tag keeps the revision that serves, as before.
+    planned = rel.plan({**rel.empty_record(), "current": TINY_CHAT}, TINY, None, recipe="tiny-chat")
+    assert (planned["action"], planned["target"]["revision"]) == ("none", REV_TINY)
+
+
+def test_going_back_after_a_failed_switch_across_recipes_is_a_gated_switch_until_one_passes():
+    """The failed switch's ranks still run (nothing rolled them back): the run its message names,
+    which deploys current again, must restart and gate them, not say "nothing to switch"."""
+    target = {"image": DEEPSEEK, "revision": REV_DS, "recipe": "deepseek-v4.1-flash"}
+    record = rel.failed(
+        {**rel.empty_record(), "current": TINY_CHAT}, target, reason="smoke: text", now=NOW, left_serving=True
+    )
+    assert rel.stranded(record) == record["last_failed"]
+    back = rel.plan(record, TINY, REV_TINY, recipe="tiny-chat")
+    assert back["action"] == "switch"
+    assert back["msg"].startswith(f"the ranks run {rel.describe(record['last_failed'])}, left by its failed")
+    restored = rel.committed(
+        record, back["target"], smoke="passed (text)", downtime_seconds=50.0, now=NOW + 60
+    )
+    assert restored["current"] == TINY_CHAT and "left_serving" not in restored["last_failed"]
+    assert rel.stranded(restored) is None
+    assert rel.plan(restored, TINY, REV_TINY, recipe="tiny-chat")["action"] == "none"
+    # A failure that rolled back leaves nothing stranded.
+    rolled_back = rel.failed({**rel.empty_record(), "current": TINY_CHAT}, target, reason="smoke", now=NOW)
+    assert rel.stranded(rolled_back) is None
+    assert rel.plan(rolled_back, TINY, REV_TINY, recipe="tiny-chat")["action"] == "none"
 
 
 def test_a_switch_within_a_recipe_still_rolls_back():

@@ -102,3 +102,19 @@ def test_the_recipe_is_recorded_and_a_rollback_to_another_one_is_refused(tmp_pat
     failed = {**tiny, "state": "failed", "reason": "the smoke checks failed: text", "recipe": "vllm-generic"}
     run_module(deployment_release, failed)
     assert json.loads(path.read_text())["last_failed"]["recipe"] == "vllm-generic"
+
+
+def test_a_failed_switch_that_left_its_ranks_makes_going_back_a_switch(tmp_path, run_module):
+    path = tmp_path / "deployments.json"
+    tiny = {"path": str(path), "image": NEW, "revision": "b" * 40, "recipe": "tiny-chat"}
+    run_module(deployment_release, {**tiny, "state": "committed", "smoke": "passed"})
+    other = {"path": str(path), "image": OLD, "revision": "a" * 40, "recipe": "vllm-generic"}
+    left = run_module(
+        deployment_release, {**other, "state": "failed", "reason": "smoke", "left_serving": True}
+    )
+    assert left["changed"] and json.loads(path.read_text())["last_failed"]["left_serving"] is True
+    back = run_module(deployment_release, tiny)
+    assert back["plan"]["action"] == "switch" and back["plan"]["msg"].startswith("the ranks run ")
+    passed = run_module(deployment_release, {**tiny, "state": "committed", "smoke": "passed"})
+    assert passed["changed"] and "left_serving" not in json.loads(path.read_text())["last_failed"]
+    assert run_module(deployment_release, tiny)["plan"]["action"] == "none"
