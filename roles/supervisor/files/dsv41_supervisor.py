@@ -941,13 +941,9 @@ def _adopt(obs: Observation) -> Decision:
     return Decision(Action.RESTART, State.STARTING, lost_rank_reason(lost), 0)
 
 
-def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Settings) -> Decision:
-    attempts = memory.attempts + 1
-    assert rank.memguard_last_kill is not None
-    reason = (
-        f"memory guard on {rank.node} killed at {format_time(rank.memguard_last_kill)}: stopping the group,"
-        f" then waiting for {format_gib(settings.memory_needed)} available on every node"
-    )
+def _failed_stop(attempts: int, reason: str, wait: State, settings: Settings) -> Decision:
+    """Stop the group after one more failed attempt, then ``wait``; or give up at max_attempts."""
+    attempts += 1
     if attempts >= settings.max_attempts:
         return Decision(
             Action.STOP,
@@ -955,7 +951,16 @@ def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Setting
             f"gave up after {attempts} failed attempts in a row; last: {reason}",
             attempts,
         )
-    return Decision(Action.STOP, State.MEMORY_WAIT, reason, attempts)
+    return Decision(Action.STOP, wait, reason, attempts)
+
+
+def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Settings) -> Decision:
+    assert rank.memguard_last_kill is not None
+    reason = (
+        f"memory guard on {rank.node} killed at {format_time(rank.memguard_last_kill)}: stopping the group,"
+        f" then waiting for {format_gib(settings.memory_needed)} available on every node"
+    )
+    return _failed_stop(memory.attempts, reason, State.MEMORY_WAIT, settings)
 
 
 def _fabric_stop(down: Sequence[tuple[str, Fabric]], memory: Memory) -> Decision:
@@ -981,15 +986,7 @@ def _node_stop(gone: Sequence[RankStatus], memory: Memory, settings: Settings) -
     is one (a node that drops off whenever its rank starts is given up on, not restarted for ever)."""
     reason = node_wait_reason(gone)
     if memory.state is State.STARTING or (memory.state is State.HEALTHY and not memory.recovered):
-        attempts = memory.attempts + 1
-        if attempts >= settings.max_attempts:
-            return Decision(
-                Action.STOP,
-                State.GAVE_UP,
-                f"gave up after {attempts} failed attempts in a row; last: {reason}",
-                attempts,
-            )
-        return Decision(Action.STOP, State.NODE_WAIT, reason, attempts)
+        return _failed_stop(memory.attempts, reason, State.NODE_WAIT, settings)
     return Decision(Action.STOP, State.NODE_WAIT, reason, memory.attempts)
 
 
