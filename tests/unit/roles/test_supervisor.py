@@ -53,6 +53,8 @@ MODEL = "deepseek-v4.1-flash"
 HEAD_ARGV = ["/usr/bin/python3", "/usr/local/lib/sparkserve-dsv41/dsv41_rankctl.py", "--config"]
 NAMES = ["spark-a", "spark-b", "spark-c"]
 IPS = {"spark-b": "198.18.0.11", "spark-c": "198.18.0.12"}
+# A two-node group restart, in order: the head stopped, the worker stopped, started, the head started.
+GROUP_RESTART = [("spark-a", "stop"), ("spark-b", "stop"), ("spark-b", "start"), ("spark-a", "start")]
 IFNAME = "enp1s0f1np1"
 ABSENT = object()  # a status without the "fabric" key (a rankctl from before it)
 
@@ -1641,12 +1643,7 @@ def test_lost_worker_restarts_the_group_head_stop_workers_stop_workers_start_hea
     h.tick(3)
     h.worker.die(137, oom=True)
     h.tick()
-    assert h.cluster.actions() == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
-        ("spark-b", "start"),
-        ("spark-a", "start"),
-    ]
+    assert h.cluster.actions() == GROUP_RESTART
     decision = h.log_lines("decision")[-1]
     assert (
         "starting action=restart: lost rank 1 on spark-b: exited, exit code 137, OOM killed, finished"
@@ -1714,12 +1711,7 @@ def test_a_node_that_stops_answering_is_waited_for_however_long_then_the_group_r
     assert len(h.cluster.actions()) == 2 and h.state()["state"] == "node_wait"
     come_back_from_a_reboot(h.worker)
     h.tick()
-    assert h.cluster.actions()[2:] == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
-        ("spark-b", "start"),
-        ("spark-a", "start"),
-    ]
+    assert h.cluster.actions()[2:] == GROUP_RESTART
     assert h.log_lines("decision")[-1].endswith(
         "decision starting action=restart: every node answers again (spark-a, spark-b): restarting the group"
     )
@@ -1847,12 +1839,7 @@ def test_memory_guard_kill_stops_the_group_and_waits_for_memory(h: Harness) -> N
     assert len(h.cluster.actions()) == 2 and h.sup.memory.state is sup.State.MEMORY_WAIT
     h.worker.mem_available = 5 * GIB
     h.tick()
-    assert h.cluster.actions()[2:] == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
-        ("spark-b", "start"),
-        ("spark-a", "start"),
-    ]
+    assert h.cluster.actions()[2:] == GROUP_RESTART
     assert "memory back: every node has >= 5.00 GiB available" in h.log_lines("decision")[-1]
     h.tick()
     assert h.sup.memory.state is sup.State.HEALTHY  # the old kill record predates this start
@@ -1902,12 +1889,7 @@ def test_fabric_down_stops_the_group_waits_then_restarts_it(
     # Every link up: the usual restart, in order.
     h.worker.unreachable = False
     h.tick()
-    assert h.cluster.actions()[2:] == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
-        ("spark-b", "start"),
-        ("spark-a", "start"),
-    ]
+    assert h.cluster.actions()[2:] == GROUP_RESTART
     assert h.log_lines("decision")[-1].endswith(
         f" decision starting action=restart: fabric back: every node's link is up"
         f" (spark-a {IFNAME}, spark-b {IFNAME}): restarting the group"
@@ -1930,12 +1912,7 @@ def test_first_look_with_a_link_down_stops_the_group_and_adopts_nothing(h: Harne
     assert len(h.log_lines("decision")) == 1
     h.worker.link("up", 1)
     h.tick()
-    assert h.cluster.actions()[2:] == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
-        ("spark-b", "start"),
-        ("spark-a", "start"),
-    ]
+    assert h.cluster.actions()[2:] == GROUP_RESTART
 
 
 def test_fabric_down_while_starting_is_no_failed_attempt(tmp_path: Path) -> None:
@@ -1968,12 +1945,7 @@ def test_without_fabric_information_a_lost_worker_restarts_the_group_as_before(
     h.adopt_healthy()
     h.worker.die(137)
     h.tick()
-    assert h.cluster.actions() == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
-        ("spark-b", "start"),
-        ("spark-a", "start"),
-    ]
+    assert h.cluster.actions() == GROUP_RESTART
     assert (
         "starting action=restart: lost rank 1 on spark-b: exited, exit code 137"
         in h.log_lines("decision")[-1]
@@ -2349,12 +2321,7 @@ def test_a_stale_lock_is_ignored_with_one_warning(h: Harness) -> None:
     h.tick(10)
     (warning,) = h.log_lines("warning")
     assert f"ignoring {lock}: older than pause_max_minutes (120)" in warning
-    assert h.cluster.actions()[:4] == [
-        ("spark-a", "stop"),
-        ("spark-b", "stop"),
-        ("spark-b", "start"),
-        ("spark-a", "start"),
-    ]
+    assert h.cluster.actions()[:4] == GROUP_RESTART
 
 
 def test_a_lock_that_outlives_pause_max_stops_pausing(tmp_path: Path) -> None:
