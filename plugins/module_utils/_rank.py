@@ -68,6 +68,26 @@ def serving_values(settings: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def typed_as_the_recipe(settings: Mapping[str, Any], recipe_settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with each number given as text (``-e rank_max_model_len=65536`` is a string)
+    made the number type the recipe's own value has: a template that is a lone ``{name}`` keeps
+    the value's type, so JSON arguments would otherwise carry ``"65536"``."""
+    typed = dict(settings)
+    for name, recipe_value in recipe_settings.items():
+        given = typed.get(name)
+        if not isinstance(given, str) or isinstance(recipe_value, bool):
+            continue
+        if isinstance(recipe_value, int | float):
+            kind = type(recipe_value)
+            try:
+                typed[name] = kind(given.strip())
+            except ValueError:
+                raise ValueError(
+                    f"setting {name} must be a number like the recipe's {recipe_value!r}, got {given!r}"
+                ) from None
+    return typed
+
+
 def vllm_serve_args(
     *,
     node_rank: int,
@@ -90,7 +110,7 @@ def vllm_serve_args(
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node_rank {node_rank} is outside 0..{nnodes - 1}")
     recipe = recipe if recipe is not None else default_recipe()
-    values = serving_values(settings)
+    values = serving_values(typed_as_the_recipe(settings, recipe.get("settings") or {}))
     values.update({"node_rank": node_rank, "nnodes": nnodes, "model": model})
     serve = recipe["serve"]
     # Whatever any rank's templates name is required of every rank, so a setting left out shows on

@@ -384,6 +384,7 @@ class Memory:
     # The lock guard's mtime as last seen before giving up: a run that took the lock since changes it.
     lock_taken_seen: float | None = None
     kill_on_restart: bool = False  # the restart after this backoff kills the ranks (a hang's)
+    unreachable_since: float | None = None  # since when some node has given no status (None: all answer)
 
 
 class Decision(NamedTuple):
@@ -788,6 +789,11 @@ def track(memory: Memory, obs: Observation, now: float) -> Memory:
         api_up=memory.api_up if memory.api_up is not None or obs.health != 200 else now,
         health_bad_since=health_bad_since,
         last_probe=obs.probe or memory.last_probe,
+        unreachable_since=(
+            (memory.unreachable_since if memory.unreachable_since is not None else now)
+            if any(rank.unreachable for rank in obs.ranks)
+            else None
+        ),
         # Frozen once it gave up: what a later run is told apart by (no clocks compared).
         lock_taken_seen=memory.lock_taken_seen if memory.state is State.GAVE_UP else obs.lock_taken,
     )
@@ -844,15 +850,17 @@ def lost_rank_reason(rank: RankStatus) -> str:
 
 def group_fault(obs: Observation, memory: Memory) -> str | None:
     """Why the group cannot go on as it is: a rank not running, a node back from a reboot, or a
-    rank that restarted alone (docker's restart policy) since the group was started or adopted."""
-    for rank in obs.ranks:
+    rank that restarted alone (docker's restart policy) since the group was started or adopted.
+    A node that gave no status is the node rule's (see serving_through_silence), not a fault here."""
+    answering = [rank for rank in obs.ranks if not rank.unreachable]
+    for rank in answering:
         if not rank.running:
             return lost_rank_reason(rank)
-    for rank in obs.ranks:
+    for rank in answering:
         recorded = memory.baseline.get(rank.node)
         if recorded and recorded.boot_id and rank.boot_id and rank.boot_id != recorded.boot_id:
             return f"node {rank.node} rebooted: boot_id {recorded.boot_id} -> {rank.boot_id}"
-    for rank in obs.ranks:
+    for rank in answering:
         recorded = memory.baseline.get(rank.node)
         if recorded is not None and rank.started_at != recorded.started_at:
             return (
@@ -976,6 +984,19 @@ def unreachable_nodes(ranks: Sequence[RankStatus]) -> list[RankStatus]:
 def node_wait_reason(gone: Sequence[RankStatus]) -> str:
     nodes = ", ".join(f"{r.node} ({r.detail or 'no status'})" for r in gone)
     return f"node not answering: {nodes}: waiting for it to answer"
+
+
+def serving_through_silence(obs: Observation, memory: Memory, now: float, settings: Settings) -> bool:
+    """A healthy group whose API still answers while a node has given no status for less than
+    hang_seconds: one status that timed out (a node busy with I/O, a dropped SSH connection) must
+    not stop a group that serves. A node that is really gone takes its rank with it, and the API
+    fails within that bound (measured on vLLM 0.32: the head answers HTTP 500 once, then exits)."""
+    return (
+        memory.state is State.HEALTHY
+        and obs.health == 200
+        and memory.unreachable_since is not None
+        and now - memory.unreachable_since < settings.hang
+    )
 
 
 def _node_stop(gone: Sequence[RankStatus], memory: Memory, settings: Settings) -> Decision:
@@ -1178,7 +1199,11 @@ def decide(obs: Observation, memory: Memory, now: float, settings: Settings) -> 
     if down and memory.state not in _FABRIC_RULE_EXEMPT:  # before adopting or restarting anything
         return _fabric_stop(down, memory)
     gone = unreachable_nodes(obs.ranks)
-    if gone and memory.state not in _NODE_RULE_EXEMPT:
+    if (
+        gone
+        and memory.state not in _NODE_RULE_EXEMPT
+        and not serving_through_silence(obs, memory, now, settings)
+    ):
         return _node_stop(gone, memory, settings)
     if memory.needs_adoption:
         return _adopt(obs)

@@ -822,11 +822,35 @@ PREFILL = sup.Metrics(1.0, 0.0, 5000.0, kv_usage=0.3)
         ),
         pytest.param(
             obs(rank("spark-a"), UNREACHABLE),
-            mem(),
+            mem(unreachable_since=NOW - 60),
             "stop",
             "node_wait",
             "node not answering: spark-b (rc=255: ssh: connect to host: No route to host): waiting for it",
-            id="unreachable-node-waited-for",
+            id="unreachable-for-hang-seconds-node-waited-for",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), UNREACHABLE),
+            mem(unreachable_since=NOW - 55),
+            "none",
+            "healthy",
+            "group healthy",
+            id="unreachable-less-than-hang-seconds-while-the-api-answers-left-serving",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), UNREACHABLE, health=500),
+            mem(unreachable_since=NOW),
+            "stop",
+            "node_wait",
+            "node not answering: spark-b (rc=255: ssh: connect to host: No route to host): waiting for it",
+            id="unreachable-and-the-api-failing-node-waited-for-at-once",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), UNREACHABLE),
+            mem(sup.State.STARTING, unreachable_since=NOW),
+            "stop",
+            "node_wait",
+            "node not answering: spark-b (rc=255: ssh: connect to host: No route to host): waiting for it",
+            id="unreachable-while-starting-node-waited-for-at-once",
         ),
         pytest.param(
             obs(rank("spark-a", "exited", exit_code=1, finished_at="2026-12-01T09:30:00Z"), rank("spark-b")),
@@ -1699,7 +1723,9 @@ def test_a_node_that_stops_answering_is_waited_for_however_long_then_the_group_r
     reboot longer than the backoffs (Sparks take minutes) never makes the supervisor give up."""
     h.adopt_healthy()
     h.worker.unreachable = True
-    h.tick()
+    # The API still answers: the group serves on for hang_seconds (60 s) of silence, then stops.
+    ticks = h.until(lambda: h.cluster.actions() != [])
+    assert ticks == 60 // 5 + 1, h.log_lines()
     assert h.cluster.actions() == [("spark-a", "stop"), ("spark-b", "stop")]  # the worker's stop fails
     state = h.state()
     assert (state["state"], state["attempts"]) == ("node_wait", 0)
@@ -1716,6 +1742,22 @@ def test_a_node_that_stops_answering_is_waited_for_however_long_then_the_group_r
         "decision starting action=restart: every node answers again (spark-a, spark-b): restarting the group"
     )
     assert h.state()["attempts"] == 0
+
+
+def test_a_node_that_misses_a_status_while_the_api_answers_is_left_serving(h: Harness) -> None:
+    """One status that timed out (a node busy, an SSH connection dropped) stops nothing."""
+    h.adopt_healthy()
+    h.worker.unreachable = True
+    h.tick(11)  # 55 s: under hang_seconds
+    h.worker.unreachable = False
+    h.tick(20)
+    assert h.cluster.actions() == []
+    assert (h.sup.memory.state, h.sup.memory.unreachable_since) == (sup.State.HEALTHY, None)
+    h.worker.unreachable = True  # silent again: the grace starts anew, from this tick
+    h.tick(12)
+    assert h.cluster.actions() == []
+    h.tick()
+    assert h.cluster.actions() == [("spark-a", "stop"), ("spark-b", "stop")]
 
 
 def test_a_node_lost_during_a_restart_is_waited_for_not_counted(h: Harness) -> None:

@@ -137,6 +137,26 @@ def test_serving_settings_flow_into_the_args():
     assert args[-2:] == ["--foo", "1"], "extra args come last, on the head"
 
 
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        pytest.param({"num_speculative_tokens": "3", "max_num_seqs": "4"}, 3, id="numbers-as-text"),
+        pytest.param({"num_speculative_tokens": 3, "max_num_seqs": 4}, 3, id="numbers"),
+    ],
+)
+def test_numbers_given_as_text_reach_json_arguments_as_numbers(given, expected):
+    """-e rank_num_speculative_tokens=3 is the string "3": the JSON vLLM reads must say 3."""
+    value = dict(itertools.pairwise(vllm_serve_args(**serve_settings(0, 2, "10.0.0.1", **given))))
+    assert json.loads(value["--speculative-config"])["num_speculative_tokens"] == expected
+    assert value["--max-num-seqs"] == "4"
+
+
+def test_a_number_setting_given_as_other_text_is_refused_naming_it():
+    expected = r"setting max_model_len must be a number like the recipe's 262144, got 'lots'"
+    with pytest.raises(ValueError, match=expected):
+        vllm_serve_args(**serve_settings(0, 2, "10.0.0.1", max_model_len="lots"))
+
+
 def test_extra_args_only_on_the_head():
     assert "--foo" not in vllm_serve_args(**serve_settings(1, 2, "x", extra_args=["--foo"]))
 
