@@ -1,0 +1,69 @@
+"""The supervisor's and the memory guard's unit files: their command lines quoted for systemd
+(tests/lab/test_unit_command_lines.py has systemd read such lines back), and no restart loop on
+a bad configuration (both programs exit 2 on one: test_supervisor.py, test_memguard.py)."""
+
+from __future__ import annotations
+
+import jinja2
+import pytest
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._systemd import systemd_exec
+from role_defaults import ROLES, SHARED_ROLE, role_defaults
+
+STATE = "/home/spark user/.local/state/dsv41"  # a home directory with a space in its name
+
+
+def render(role: str, template: str, **overrides) -> dict[str, str]:
+    """The unit's [Service] keys as the role renders them (Ansible's own filters stubbed)."""
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    environment.filters["sparkserve.dsv41.systemd_exec"] = systemd_exec
+    environment.filters["join"] = lambda value, sep="": sep.join(value)
+    values = {
+        **role_defaults(SHARED_ROLE, role),
+        "ansible_managed": "managed",
+        "deployment_rank_nodes": ["spark-a", "spark-b"],
+        "deployment_state_path": STATE,
+        "supervisor_config_dir": "/etc/sparkserve dsv41",
+        **overrides,
+    }
+    text = environment.from_string((ROLES / role / "templates" / template).read_text()).render(values)
+    service = text.split("[Service]", 1)[1].split("[Install]", 1)[0]
+    return dict(
+        line.split("=", 1) for line in service.splitlines() if "=" in line and not line.startswith("#")
+    )
+
+
+def memguard_argv(install_dir: str) -> list[str]:
+    """The guard's command line with the role's defaults."""
+    d = role_defaults(SHARED_ROLE, "memguard")
+    return [
+        "/usr/bin/python3", f"{install_dir}/dsv41_memguard.py",
+        "--floor-gib", str(d["memguard_floor_gib"]), "--interval", str(d["memguard_interval_seconds"]),
+        "--container-prefix", d["deployment_rank_container_prefix"],
+        "--trace-below-gib", str(d["memguard_trace_below_gib"]),
+        "--log", f"{STATE}/memguard.log", "--kill-record", f"{STATE}/memguard-last-kill",
+        "--log-max-bytes", str(d["memguard_log_max_bytes"]), "--log-backups", str(d["memguard_log_backups"]),
+    ]  # fmt: skip
+
+
+INSTALL_DIR = "/opt/spark serve"
+
+
+@pytest.mark.parametrize(
+    ("role", "template", "argv"),
+    [
+        pytest.param(
+            "supervisor",
+            "dsv41-supervisor.service.j2",
+            ["/usr/bin/python3", f"{INSTALL_DIR}/dsv41_supervisor.py",
+             "--config", "/etc/sparkserve dsv41/supervisor.json"],
+            id="supervisor",
+        ),
+        pytest.param("memguard", "dsv41-memguard.service.j2", memguard_argv(INSTALL_DIR), id="memguard"),
+    ],
+)  # fmt: skip
+def test_the_command_line_is_quoted_and_a_bad_configuration_stops_the_restarts(role, template, argv):
+    service = render(role, template, **{f"{role}_install_dir": INSTALL_DIR})
+    assert service["ExecStart"] == systemd_exec(argv)
+    assert '"' in service["ExecStart"], "the paths with a space are quoted"
+    assert service["Restart"] == "always"
+    assert service["RestartPreventExitStatus"] == "2"
