@@ -129,7 +129,7 @@ def answered(url: str, key: str | None, model: str, timeout: float) -> bool:
     try:
         response = urls.open_url(
             f"{url.rstrip('/')}/chat/completions", data=json.dumps(body), headers=headers, method="POST",
-            timeout=timeout,
+            timeout=timeout, use_proxy=False,  # the engine directly: a proxy would get the key
         )  # fmt: skip
         return bool(json.loads(response.read()).get("choices"))
     # Any failure is no answer: refused, reset, 4xx/5xx (HTTPError is an OSError), timeout, bad JSON.

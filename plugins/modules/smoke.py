@@ -34,9 +34,16 @@ options:
     type: str
     required: true
   api_key:
-    description: Bearer key. Empty sends no C(Authorization) header.
+    description:
+      - Bearer key. Empty (and no O(api_key_file)) sends no C(Authorization) header.
+      - Prefer O(api_key_file) - a key given on the command line (C(-e)) is in C(ps) and the shell's history.
     type: str
     default: ""
+  api_key_file:
+    description:
+      - A file holding the bearer key (its first line, without surrounding blanks), read where the
+        module runs. Mutually exclusive with a non-empty O(api_key).
+    type: path
   model:
     description:
       - The model name to ask for (vLLM's C(--served-model-name)).
@@ -70,7 +77,7 @@ EXAMPLES = r"""
 - name: Smoke-test the head's API (the first model it lists)
   sparkserve.dsv41.smoke:
     base_url: http://192.168.100.10:8000/v1
-    api_key: "{{ lookup('ansible.builtin.file', 'api_key') }}"
+    api_key_file: ~/.config/dsv41/api_key
 
 - name: Only prove that the endpoint generates (readiness)
   sparkserve.dsv41.smoke:
@@ -136,7 +143,10 @@ def http_client(base_url: str, api_key: str, timeout: int):
     def send(path: str, payload: dict[str, Any] | None, stream: bool) -> Reply:
         method, data = ("GET", None) if payload is None else ("POST", json.dumps(payload))
         try:
-            response = open_url(base_url + path, method=method, data=data, headers=headers, timeout=timeout)
+            # The engine is reached directly: a proxy from the environment would get the key.
+            response = open_url(
+                base_url + path, method=method, data=data, headers=headers, timeout=timeout, use_proxy=False
+            )
             if stream:
                 lines = tuple(raw.decode("utf-8", "replace").rstrip("\r\n") for raw in response)
                 return Reply(200, lines=lines)
@@ -158,6 +168,7 @@ def main() -> None:
         argument_spec={
             "base_url": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
+            "api_key_file": {"type": "path"},
             "model": {"type": "str"},
             "checks": {"type": "list", "elements": "str", "choices": list(CHECKS), "default": list(CHECKS)},
             "timeout": {"type": "int", "default": 3600},
@@ -169,7 +180,20 @@ def main() -> None:
         module.fail_json(msg=f"base_url must be an http(s) URL, got {base_url!r}")
     if not base_url.endswith("/v1"):
         base_url += "/v1"
-    client = http_client(base_url, module.params["api_key"], module.params["timeout"])
+    api_key = module.params["api_key"]
+    if module.params["api_key_file"]:
+        if api_key:
+            module.fail_json(msg="api_key and api_key_file are mutually exclusive: give the key one way")
+        try:
+            with open(module.params["api_key_file"], encoding="utf-8") as handle:
+                api_key = handle.readline().strip()
+        except OSError as exc:
+            module.fail_json(
+                msg=f"cannot read the API key file {module.params['api_key_file']}: {exc.strerror or exc}"
+            )
+        if not api_key:
+            module.fail_json(msg=f"the API key file {module.params['api_key_file']} holds no key")
+    client = http_client(base_url, api_key, module.params["timeout"])
     model, results = run_smoke(client, module.params["model"], module.params["checks"])
     report = {
         "changed": False,

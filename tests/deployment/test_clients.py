@@ -27,8 +27,10 @@ def test_smoke_passes_against_the_lab_and_never_prints_the_key(lab):
     assert api_key(lab) not in run.stdout + run.stderr
 
 
-def test_smoke_fails_with_a_wrong_key():
-    run, _ = run_playbook("playbooks/smoke.yml", "-e", "smoke_api_key=not-the-key")
+def test_smoke_fails_with_a_wrong_key_given_by_file(tmp_path):
+    key_file = tmp_path / "api_key"
+    key_file.write_text("not-the-key\n")
+    run, _ = run_playbook("playbooks/smoke.yml", "-e", f"smoke_api_key_file={key_file}")
     assert run.returncode != 0
     assert table_rows(run.stdout) == dict.fromkeys(CHECKS, "FAIL"), run.stdout[-3000:]
     assert "HTTP 401" in run.stdout

@@ -50,6 +50,9 @@ def test_rank_container_options(lab, node):
     assert host["NetworkMode"] == "host"
     assert host["IpcMode"] == "host"
     assert host["ShmSize"] == 32 * 1024**3
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "100m", "max-file": "5"}}, (
+        "the rank's log is bounded"
+    )
     assert host["RestartPolicy"]["Name"] == "no", (
         "a rank never restarts alone: the supervisor restarts the group"
     )

@@ -27,10 +27,14 @@ READY, STARTING, GONE = 0, 1, 2
 LOOK_INTERVAL_S = 1.0
 
 
+# The node's own API, directly: an http_proxy in the environment would be sent the key.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def http_ok(url: str, key: str | None = None) -> bool:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as reply:  # noqa: S310 - URLs from the role
+        with _OPENER.open(urllib.request.Request(url, headers=headers), timeout=5) as reply:  # noqa: S310 - URLs from the role
             return reply.status == 200
     except (urllib.error.URLError, OSError):
         return False

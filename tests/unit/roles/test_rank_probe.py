@@ -173,3 +173,7 @@ def test_main_fails_fast_on_an_api_that_does_not_answer(tmp_path, capsys):
     ]
     assert probe.main([*argv, "--wait-seconds", "30"]) == 2, "a gone rank ends the wait at once"
     assert "exited" in capsys.readouterr().out
+
+
+def test_the_api_is_asked_directly_whatever_proxy_the_environment_names(api, proxy_that_answers_nothing):
+    assert probe.http_ok(f"{api}/v1/models", _Api.key)

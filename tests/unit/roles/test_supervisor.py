@@ -2519,7 +2519,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_http_request(server: str) -> None:
+def test_http_request(server: str, proxy_that_answers_nothing: str) -> None:
+    """The head's API, directly: a proxy in the environment never gets the key."""
     assert sup.http_request("GET", f"{server}/health", {}, None, 5) == sup.HttpResult(200, "ok", "")
     missing = sup.http_request("GET", f"{server}/nope", {}, None, 5)
     assert (missing.status, missing.error) == (404, "HTTP 404")

@@ -92,3 +92,8 @@ def test_an_api_that_never_comes_back_fails_naming_the_timeout(tmp_path, run_mod
     args = {"url": "http://127.0.0.1:9/v1", "model": "m", "interval": 0.1, "timeout_minutes": 0}
     result = run_module(api_watch, args)
     assert result.failed and "timeout_minutes (0)" in result["msg"]
+
+
+def test_the_engine_is_asked_directly_whatever_proxy_the_environment_names(api, proxy_that_answers_nothing):
+    assert api_watch.answered(api, "k", "m", timeout=5)
+    assert Api.bearers == ["Bearer k"]
