@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import (
@@ -382,3 +383,71 @@ def unseal(root: str, commit: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+# --------------------------------------------------------------------------- purge
+
+# How many of the names that the collection did not put there a refusal lists.
+_FOREIGN_SHOWN = 5
+
+
+def _foreign_entries(root: str) -> list[str]:
+    """What ``root`` holds that this collection did not put there: anything but ``revisions/``
+    (commit directories and the collection's dot-files: seals, the adoption record, removals under
+    way) and the links of the single-directory view into it."""
+    foreign = []
+    for entry in sorted(os.scandir(root), key=lambda entry: entry.name):
+        if entry.name == REVISIONS and entry.is_dir(follow_symlinks=False):
+            for inner in sorted(os.scandir(entry.path), key=lambda inner: inner.name):
+                commit_dir = is_commit(inner.name) and inner.is_dir(follow_symlinks=False)
+                if not (inner.name.startswith(".") or commit_dir):
+                    foreign.append(f"{REVISIONS}/{inner.name}")
+        elif not (entry.is_symlink() and os.readlink(entry.path).startswith(REVISIONS + os.sep)):
+            foreign.append(entry.name)
+    return foreign
+
+
+def _place_refusal(root: str, protected: Sequence[str]) -> str | None:
+    if root == os.sep:
+        return "it is the root directory"
+    for path in protected:
+        kept = os.path.abspath(path)
+        if kept == root or kept.startswith(root.rstrip(os.sep) + os.sep):
+            return f"it is or holds {kept}, which is never removed"
+    if os.path.islink(root):
+        return f"it is a symbolic link (to {os.readlink(root)})"
+    return None
+
+
+def purge_refusal(root: str, protected: Sequence[str] = ()) -> str | None:
+    """Why ``root`` may not be removed as a checkpoint this collection created, or None.
+
+    Refused: ``/``, a path that is or holds one of ``protected`` (the user's home), a symbolic link,
+    something not a directory, and a directory holding anything the collection did not put there
+    (``deployment_model_dir`` set to ``~/models`` holds every model of the user)."""
+    root = os.path.abspath(root)
+    refusal = _place_refusal(root, protected)
+    if refusal or not os.path.exists(root):
+        return refusal
+    if not os.path.isdir(root):
+        return "it is not a directory"
+    foreign = _foreign_entries(root)
+    if not foreign:
+        return None
+    more = f" and {len(foreign) - _FOREIGN_SHOWN} more" if len(foreign) > _FOREIGN_SHOWN else ""
+    return (
+        f"it holds {', '.join(foreign[:_FOREIGN_SHOWN])}{more}, which this collection did not put"
+        " there (it keeps a checkpoint as revisions/<commit> only)"
+    )
+
+
+def purge(root: str) -> None:
+    """Remove ``root`` (judged by purge_refusal): renamed first, so an interrupted removal never
+    leaves half a checkpoint under its name, then deleted."""
+    doomed = os.path.join(os.path.dirname(os.path.abspath(root)), f".{os.path.basename(root)}.removing")
+    if os.path.lexists(root):
+        if os.path.lexists(doomed):
+            shutil.rmtree(doomed)
+        os.rename(root, doomed)
+    if os.path.lexists(doomed):
+        shutil.rmtree(doomed)

@@ -44,6 +44,13 @@ description:
     role downloads, verifies and copies nothing - a re-run reads no checkpoint data and asks the
     workers nothing. Any file added, removed, resized or touched breaks the seal; the seal goes when
     its revision is pruned.
+  - O(state=absent) removes O(root) with every revision in it (C(teardown.yml -e
+    deployment_purge_model=true)), only when it holds nothing but what this module puts there -
+    C(revisions/) with commit directories and this module's records, and the links of an adoption.
+    It refuses, naming the path and why and deleting nothing, C(/), a directory that is or holds a
+    path of O(protect), a symbolic link, and a directory holding anything else (another model, say).
+    The directory is renamed before it is deleted, so an interrupted removal leaves no half
+    checkpoint under its name; the next run finishes it.
 options:
   root:
     description: The model root - the directory that holds C(revisions/).
@@ -52,9 +59,9 @@ options:
   state:
     description:
       - C(present) resolves and adopts; C(sealed) records a complete revision; C(pruned) removes old
-        revisions.
+        revisions; C(absent) removes O(root).
     type: str
-    choices: [present, sealed, pruned]
+    choices: [present, sealed, pruned, absent]
     default: present
   commit:
     description:
@@ -90,6 +97,13 @@ options:
     description: O(state=pruned) - how many revisions stay in all (at least 1).
     type: int
     default: 2
+  protect:
+    description:
+      - With O(state=absent) - paths that must never be removed, nor a directory that holds one (the
+        role passes the user's home directory).
+    type: list
+    elements: path
+    default: []
   verified:
     description:
       - O(state=sealed) - what the verification of the revision reported and the settings it ran with,
@@ -113,6 +127,13 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Remove the checkpoint, only if it holds nothing but its revisions
+  sparkserve.dsv41.checkpoint_revision:
+    root: /home/spark/models/DeepSeek-V4.1-Flash-Spark
+    state: absent
+    protect: [/home/spark]
+  become: true
+
 - name: Resolve main to its commit and adopt a single directory
   sparkserve.dsv41.checkpoint_revision:
     root: /home/spark/models/DeepSeek-V4.1-Flash-Spark
@@ -200,13 +221,13 @@ revisions:
   type: list
   elements: str
 removed:
-  description: O(state=pruned) - the revisions removed (or that would be, in check mode).
-  returned: state is pruned
+  description: O(state=pruned) and O(state=absent) - the revisions removed (or that would be, in check mode).
+  returned: state is pruned or absent
   type: list
   elements: str
 removed_bytes:
-  description: O(state=pruned) - their size.
-  returned: state is pruned
+  description: O(state=pruned) and O(state=absent) - their size.
+  returned: state is pruned or absent
   type: int
 warning:
   description: Why the hub's answer was not used, or null.
@@ -241,6 +262,8 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     list_revisions,
     plan_seal,
     prune_plan,
+    purge,
+    purge_refusal,
     read_adopted,
     read_seal,
     remove_revisions,
@@ -359,11 +382,41 @@ def _pruned(module: AnsibleModule, root: str) -> dict:
     }
 
 
+def _absent(module: AnsibleModule, root: str) -> dict:
+    refusal = purge_refusal(root, module.params["protect"])
+    if refusal:
+        module.fail_json(
+            msg=f"refusing to remove the model directory {root}: {refusal}. Nothing was deleted. Set"
+            " deployment_model_dir to the checkpoint's own directory (the one holding revisions/),"
+            " or remove what you no longer want by hand.",
+            root=root,
+        )
+    doomed = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.removing")
+    exists = os.path.lexists(root)
+    if not (exists or os.path.lexists(doomed)):
+        return {"changed": False, "msg": f"{root} is absent"}
+    revisions = list_revisions(root) if exists else []
+    removed_bytes = tree_bytes(root) if exists else 0
+    if not module.check_mode:
+        purge(root)
+    verb = "would remove" if module.check_mode else "removed"
+    return {
+        "changed": True,
+        "removed": revisions,
+        "removed_bytes": removed_bytes,
+        "msg": f"{verb} {root} (revisions: {', '.join(revisions) or 'none'})",
+        "diff": {"before": {"path": root, "state": "directory"}, "after": {"path": root, "state": "absent"}},
+    }
+
+
+_STATES = {"present": _present, "sealed": _sealed, "pruned": _pruned, "absent": _absent}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "root": {"type": "path", "required": True},
-            "state": {"type": "str", "choices": ["present", "sealed", "pruned"], "default": "present"},
+            "state": {"type": "str", "choices": list(_STATES), "default": "present"},
             "commit": {"type": "str"},
             "repo_id": {"type": "str"},
             "revision": {"type": "str", "default": ""},
@@ -374,6 +427,7 @@ def main() -> None:
             "keep_count": {"type": "int", "default": 2},
             "verified": {"type": "dict"},
             "verified_with": {"type": "dict", "default": {}},
+            "protect": {"type": "list", "elements": "path", "default": []},
         },
         mutually_exclusive=[("commit", "repo_id")],
         required_if=[
@@ -384,7 +438,7 @@ def main() -> None:
     )
     root = os.path.abspath(module.params["root"])
     try:
-        run_state = {"present": _present, "sealed": _sealed, "pruned": _pruned}[module.params["state"]]
+        run_state = _STATES[module.params["state"]]
         result = run_state(module, root)
     except HubMissing as exc:
         module.fail_json(

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from deployment_support import STATE_DIR, api_key, changed_nothing, model_dir, run_playbook, site
+from deployment_support import MODEL_DIR, STATE_DIR, api_key, changed_nothing, model_dir, run_playbook, site
 from lab_support import FABRIC_ADDRESS, MGMT_ADDRESS, http_status
 from reference_config import reference_vllm_argv, reference_vllm_env
 
@@ -274,6 +274,26 @@ def test_playbooks_run_by_fqcn_from_the_installed_collection_and_purge_only_when
     assert status.returncode == 0 and "healthy" in status.stdout, status.stdout[-3000:]
     logs, _ = fqcn("logs", "-e", "rank_logs_rank=1")
     assert logs.returncode == 0 and "===== worker (dsv41-r1)" in logs.stdout, logs.stdout[-3000:]
+
+
+def test_a_purge_of_a_directory_holding_another_model_is_refused_before_anything_stops(lab):
+    """deployment_model_dir set to ~/models, which holds another model beside the checkpoint."""
+    models = MODEL_DIR.rsplit("/", 1)[0]
+    lab.ssh("head", f"mkdir -p {models}/other-model && echo weights > {models}/other-model/model.safetensors")
+    try:
+        before = lab.ssh("head", f"find {models} | sort").stdout
+        purge = ["-e", "deployment_purge_model=true", "-e", f"deployment_model_dir={models}"]
+        run, _ = run_playbook("playbooks/teardown.yml", *purge)
+        assert run.returncode != 0
+        assert f"refusing to remove the model directory {models}: it holds" in run.stdout, run.stdout[-3000:]
+        assert "other-model" in run.stdout and "Nothing was deleted" in run.stdout
+        assert lab.ssh("head", f"find {models} | sort").stdout == before, "nothing deleted"
+        assert changed_nothing(run), run.stdout[-3000:]
+        assert_serving(lab)  # nothing was stopped either
+        lock = lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False)
+        assert lock.returncode != 0, "no lock left"
+    finally:
+        lab.ssh("head", f"rm -rf {models}/other-model")
 
 
 def logged_lines(output: str, header: str) -> list[str]:

@@ -461,3 +461,89 @@ def test_a_pruned_revision_takes_its_seal_with_it(tmp_path, run_module):
     )
     assert result["removed"] == [NEW]
     assert sorted(os.listdir(tmp_path / "revisions")) == [NEWER]
+
+
+# --------------------------------------------------------------------------- purge (state=absent)
+
+
+ROOT = "models/DeepSeek-V4.1-Flash"
+
+
+def deployed_root(models: Path) -> Path:
+    """A model root as the collection leaves it: an adopted revision, its seal and links, and a newer one."""
+    root = single_directory(models / "DeepSeek-V4.1-Flash")
+    _revisions.adopt(root, _revisions.adoption_plan(str(root), None))
+    _revisions.keep_single_directory_view(str(root))
+    revision(root, NEW, 1_800_000_000)
+    (root / "revisions" / f".{NEW}.complete.json").write_text("{}")
+    return root
+
+
+def test_a_root_holding_only_its_revisions_is_removed_and_a_second_run_changes_nothing(tmp_path, run_module):
+    models = tmp_path / "models"
+    root = deployed_root(models)
+    (models / "other-model").mkdir()
+    result = run_module(
+        checkpoint_revision, {"root": str(root), "state": "absent", "protect": [str(tmp_path)]}
+    )
+    assert result["changed"] and sorted(result["removed"]) == sorted([OLD, NEW]), result
+    assert sorted(os.listdir(models)) == ["other-model"], "the root went, whole, and nothing beside it"
+    again = run_module(checkpoint_revision, {"root": str(root), "state": "absent"})
+    assert not again["changed"]
+
+
+def test_check_mode_reports_the_removal_and_removes_nothing(tmp_path, run_module):
+    root = deployed_root(tmp_path / "models")
+    before = snapshot(tmp_path)
+    result = run_module(checkpoint_revision, {"root": str(root), "state": "absent"}, check_mode=True)
+    assert result["changed"] and result["msg"].startswith(f"would remove {root}")
+    assert snapshot(tmp_path) == before
+
+
+def test_an_interrupted_removal_is_finished(tmp_path, run_module):
+    root = deployed_root(tmp_path / "models")
+    (tmp_path / "models" / ".DeepSeek-V4.1-Flash.removing").mkdir()  # the last run's, half deleted
+    run_module(checkpoint_revision, {"root": str(root), "state": "absent"})
+    assert os.listdir(tmp_path / "models") == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "target", "why"),
+    [
+        pytest.param(
+            "models-dir", "models", "it holds DeepSeek-V4.1-Flash, other-model, which this collection",
+            id="models-dir-with-another-model",
+        ),
+        pytest.param("stray-file", ROOT, "it holds notes.txt, which", id="a-file-of-the-user"),
+        pytest.param(
+            "stray-revision", ROOT, "it holds revisions/my-finetune, which", id="a-foreign-revision"
+        ),
+        pytest.param("models-dir", "", "it is or holds HOME, which is never", id="the-home-directory"),
+        pytest.param("models-dir", "/", "it is the root directory", id="the-root-directory"),
+        pytest.param("link", "models/link", "it is a symbolic link (to ", id="a-symbolic-link"),
+    ],
+)  # fmt: skip
+def test_what_the_collection_did_not_create_is_refused_and_nothing_is_deleted(
+    tmp_path, run_module, layout, target, why
+):
+    home = tmp_path / "home"
+    models = home / "models"
+    root = deployed_root(models)
+    (models / "other-model").mkdir()
+    (models / "other-model" / "model.safetensors").write_bytes(b"weights")
+    if layout == "stray-file":
+        (root / "notes.txt").write_text("mine")
+    elif layout == "stray-revision":
+        (root / "revisions" / "my-finetune").mkdir()
+    elif layout == "link":
+        (models / "link").symlink_to(root)
+    path = target if target.startswith("/") else str(home / target) if target else str(home)
+    before = snapshot(home)
+    result = run_module(checkpoint_revision, {"root": path, "state": "absent", "protect": [str(home)]})
+    assert result.failed
+    assert result["msg"].startswith(f"refusing to remove the model directory {path.rstrip('/') or '/'}: "), (
+        result
+    )
+    assert why.replace("HOME", str(home)) in result["msg"]
+    assert "Nothing was deleted" in result["msg"] and "deployment_model_dir" in result["msg"]
+    assert snapshot(home) == before
