@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 from deployment_support import MODEL_DIR, STATE_DIR, api_key, changed_nothing, model_dir, run_playbook, site
@@ -294,6 +295,32 @@ def test_a_purge_of_a_directory_holding_another_model_is_refused_before_anything
         assert lock.returncode != 0, "no lock left"
     finally:
         lab.ssh("head", f"rm -rf {models}/other-model")
+
+
+def test_links_planted_in_the_state_directory_never_make_root_write_their_target(lab):
+    """The deployment user owns the state directory; the supervisor and the guard run as root. The
+    user plants links at their logs and at the temporary names they once used, then the services
+    start (each logs a line) and the supervisor writes its state: the target stays as it was."""
+    canary = "/etc/dsv41-canary"
+    planted = ["supervisor.log", "memguard.log", ".supervisor-state.json.tmp", ".memguard-last-kill.tmp"]
+    lab.ssh("head", f"echo canary | sudo tee {canary} >/dev/null")
+    plant = "; ".join(
+        f"mv -f {STATE_DIR}/{name} {STATE_DIR}/{name}.kept 2>/dev/null; ln -sfn {canary} {STATE_DIR}/{name}"
+        for name in planted
+    )
+    restart = "sudo systemctl restart dsv41-supervisor dsv41-memguard"
+    try:
+        lab.ssh("head", f"{plant}; {restart}")  # as the deployment user: no sudo for the links
+        time.sleep(12)  # two supervisor ticks, each writing its state file
+        assert lab.ssh("head", f"cat {canary}").stdout == "canary\n"
+        active = lab.ssh("head", "systemctl is-active dsv41-supervisor dsv41-memguard").stdout.split()
+        assert active == ["active", "active"], "a link costs a log line, never the service"
+    finally:
+        restore = "; ".join(
+            f"rm -f {STATE_DIR}/{name}; mv -f {STATE_DIR}/{name}.kept {STATE_DIR}/{name} 2>/dev/null"
+            for name in planted
+        )
+        lab.ssh("head", f"{restore}; sudo rm -f {canary}; {restart}", check=False)
 
 
 def logged_lines(output: str, header: str) -> list[str]:

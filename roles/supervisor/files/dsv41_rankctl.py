@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import dsv41_nofollow as nofollow  # installed beside this program
+
 VERBS = ("status", "start", "stop", "kill")
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
 KIB = 1024
@@ -361,8 +363,8 @@ def read_kill_record(path: Path) -> float | None:
     """The memory guard's last kill, None when it never killed. A record that cannot be parsed
     still says a kill happened, so its mtime stands in for the time rather than hiding it."""
     try:
-        text = path.read_text(errors="replace")
-    except OSError:  # absent (the guard never killed here) or unreadable
+        text = nofollow.read_text(path)  # run as root on the head: never through a planted link
+    except OSError:  # absent (the guard never killed here), unreadable, or a link
         return None
     try:
         return parse_kill_record(text)

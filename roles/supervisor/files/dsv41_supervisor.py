@@ -60,6 +60,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
+import dsv41_nofollow as nofollow  # installed beside this program
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -1332,33 +1334,20 @@ class RotatingLog:
         data = line.encode()
         try:
             self._rotate_if_needed(len(data))
-            with self.path.open("ab") as handle:
-                handle.write(data)
+            nofollow.append(self.path, data)
         except OSError as exc:
             sys.stderr.write(f"supervisor: cannot write {self.path}: {exc}\n")
 
     def _rotate_if_needed(self, incoming: int) -> None:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
+        size = nofollow.size(self.path)
+        if size is None or size == 0 or size + incoming <= self.max_bytes:
             return
-        if size == 0 or size + incoming <= self.max_bytes:
-            return
-        if self.backups == 0:
-            self.path.unlink()
-            return
-        for index in range(self.backups - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{index}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
-        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        nofollow.rotate(self.path, self.backups)
 
 
 def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` through a temporary file beside it: a reader sees all or nothing."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    nofollow.write_atomically(path, text)
 
 
 def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
@@ -1399,7 +1388,7 @@ def http_request(
 
 def read_api_key(path: Path) -> str:
     """The key, read at each use (site.yml may rotate it); ValueError when there is none."""
-    key = path.read_text(encoding="utf-8").strip()
+    key = nofollow.read_text(path).strip()  # never a root-only file a link names, sent as a header
     if not key:
         raise ValueError(f"{path} is empty")
     return key
