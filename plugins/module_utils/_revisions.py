@@ -34,6 +34,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     FileContentError,
     read_text,
 )
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._release import LEGACY_RECIPE
 
 REVISIONS = "revisions"
 # What the adoption recorded: the commit the single directory became (a worker that received its
@@ -451,3 +452,29 @@ def purge(root: str) -> None:
         os.rename(root, doomed)
     if os.path.lexists(doomed):
         shutil.rmtree(doomed)
+
+
+# --------------------------------------------------------------------------- the pinned revision
+
+
+def deployed_revision(record_path: str | None, recipe: str | None) -> str | None:
+    """The commit the deployment record says serves, when it was deployed with ``recipe``: what
+    an empty ``checkpoint_revision`` keeps. None without a record, a commit, or the same recipe (a
+    record written before recipes were recorded is the DeepSeek recipe's)."""
+    if not record_path or not recipe:
+        return None
+    try:
+        record = json.loads(read_text(record_path) or "null")
+    except (OSError, FileContentError, ValueError):
+        return None
+    current = record.get("current") if isinstance(record, dict) else None
+    if not isinstance(current, dict):
+        return None
+    revision = current.get("revision")
+    if (
+        (current.get("recipe") or LEGACY_RECIPE) != recipe
+        or not isinstance(revision, str)
+        or not is_commit(revision)
+    ):
+        return None
+    return revision

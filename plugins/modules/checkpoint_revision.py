@@ -72,9 +72,21 @@ options:
     description: The model repo, C(<owner>/<name>), whose O(revision) the hub resolves.
     type: str
   revision:
-    description: A branch, tag or commit of O(repo_id). Empty - C(main). A 40-hex commit needs no hub.
+    description:
+      - A branch, tag or commit of O(repo_id). A 40-hex commit needs no hub.
+      - Empty - the revision that O(deployed_record) says serves for O(recipe), so that a re-run never
+        moves to whatever C(main) became upstream; C(main)'s commit when there is none (a first
+        deployment). Set C(main) to follow C(main).
     type: str
     default: ""
+  deployed_record:
+    description:
+      - The deployment record (C(deployments.json) in the head's state directory) whose current
+        revision an empty O(revision) keeps. Absent or unreadable - none is recorded.
+    type: path
+  recipe:
+    description: The recipe this run deploys; the recorded revision is kept only when it was deployed with it.
+    type: str
   token_file:
     description: A file holding the hub token; read on the node, never a module argument.
     type: path
@@ -255,6 +267,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     RevisionError,
     adopt,
     adoption_plan,
+    deployed_revision,
     fingerprint,
     is_commit,
     keep_single_directory_view,
@@ -293,8 +306,15 @@ def _present(module: AnsibleModule, root: str) -> dict:
     if planned is not None and module.check_mode:
         on_disk = [planned["commit"], *on_disk]
     warning = None
+    kept = (
+        None
+        if params["commit"] or params["revision"]
+        else deployed_revision(params["deployed_record"], params["recipe"])
+    )
     if params["commit"]:
         commit = params["commit"]
+    elif kept:
+        commit = kept
     else:
         token = read_token(params["token_file"])
         if token:
@@ -316,6 +336,8 @@ def _present(module: AnsibleModule, root: str) -> dict:
         " (complete as sealed: nothing to fetch, verify or copy)" if complete
         else "" if exists else " (to be fetched)"
     )  # fmt: skip
+    if kept:
+        what += " (the deployed revision, kept: checkpoint_revision is empty; set it to main to follow main)"
     if adopted:
         verb = "would adopt" if module.check_mode else "adopted"
         what = f"{verb} {root} as revision {adopted['commit']} ({adopted['why']}); {what}"
@@ -420,6 +442,8 @@ def main() -> None:
             "commit": {"type": "str"},
             "repo_id": {"type": "str"},
             "revision": {"type": "str", "default": ""},
+            "deployed_record": {"type": "path"},
+            "recipe": {"type": "str"},
             "token_file": {"type": "path"},
             "endpoint": {"type": "str", "default": ""},
             "adopt_as": {"type": "str"},

@@ -225,6 +225,9 @@ def test_a_new_image_pulled_with_tags_image_switches_nothing(serving):
     assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0
 
 
+FOLLOW_MAIN = ("-e", "checkpoint_revision=main")
+
+
 def publish_revision(label: str) -> str:
     """A new commit of the checkpoint on the lab hub (its README changes); the commit's id."""
     with (STATE / "hub" / HUB_REPO / "README.md").open("a", encoding="utf-8") as readme:
@@ -286,10 +289,19 @@ def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_one
     second = publish_revision("two")
     assert second != first
 
-    # Fetched, verified and copied next to the revision that serves, which keeps answering.
+    # Unasked, a re-run keeps the deployed revision: nothing is fetched.
+    kept, _ = site("--tags", "checkpoint")
+    assert kept.returncode == 0, kept.stdout[-3000:]
+    assert f"revision {first}" in kept.stdout and "the deployed revision, kept" in kept.stdout, kept.stdout[
+        -3000:
+    ]
+    assert revisions_on(lab, "head") == {first}
+
+    # Following main is asked for: fetched, verified and copied next to the revision that serves,
+    # which keeps answering.
     offset = (STATE / "hub-access.log").stat().st_size
     with asking_all_along(api_key(lab)) as tally:
-        fetched, fetch_seconds = site("--tags", "checkpoint")
+        fetched, fetch_seconds = site("--tags", "checkpoint", *FOLLOW_MAIN)
     assert fetched.returncode == 0, fetched.stdout[-3000:]
     assert tally["failed"] == [] and tally["answered"] >= 10, tally
     for node in ("head", "worker"):
@@ -315,7 +327,7 @@ def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_one
     assert served_revision(lab) == first
 
     # The switch: the ranks restart on the new revision's directory, gated by the smoke checks.
-    switched, _ = site()
+    switched, _ = site(*FOLLOW_MAIN)
     assert switched.returncode == 0, switched.stdout[-3000:]
     assert f"revision {second}" in switched.stdout
     assert {mounted_revision(lab, "head", 0), mounted_revision(lab, "worker", 1)} == {second}
@@ -325,7 +337,7 @@ def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_one
 
     # A third revision: switched, and the oldest beyond checkpoint_keep_revisions (2) goes.
     third = publish_revision("three")
-    run, _ = site()
+    run, _ = site(*FOLLOW_MAIN)
     assert run.returncode == 0, run.stdout[-3000:]
     assert f"removed old revisions {first}" in run.stdout, run.stdout[-3000:]
     for node in ("head", "worker"):

@@ -56,12 +56,16 @@ def git_status() -> str:
     ).stdout
 
 
+# A re-run keeps the deployed revision unless asked to follow main (checkpoint_revision).
+FOLLOW_MAIN = ("-e", "checkpoint_revision=main")
+
+
 @pytest.fixture
 def back_to_tiny_chat(lab):
     """Put tiny-chat's first revision back, from inventory/lab-vllm, whatever the case left."""
     yield
     first = publish(MODEL, "good", 0)
-    run = playbook("site.yml")
+    run = playbook("site.yml", *FOLLOW_MAIN)
     assert run.returncode == 0, run.stdout[-3000:]
     assert deployment_record(lab)["current"]["revision"] == first
 
@@ -110,7 +114,7 @@ def test_a_recipe_beside_a_copied_inventory_serves_a_model_the_collection_does_n
 def test_a_wrong_revision_is_stopped_by_the_smoke_gate_and_rolled_back_by_itself(lab, key, back_to_tiny_chat):
     first = publish(MODEL, "good", 0)
     if deployment_record(lab)["current"]["revision"] != first:
-        settle = playbook("site.yml")
+        settle = playbook("site.yml", *FOLLOW_MAIN)
         assert settle.returncode == 0, settle.stdout[-3000:]
     assert deployment_record(lab)["current"]["revision"] == first
 
@@ -118,7 +122,7 @@ def test_a_wrong_revision_is_stopped_by_the_smoke_gate_and_rolled_back_by_itself
     wrong = publish(MODEL, "wrong", 0)
     assert wrong != first
     since = time.monotonic()
-    run = playbook("site.yml")
+    run = playbook("site.yml", *FOLLOW_MAIN)
     seconds = time.monotonic() - since
     assert run.returncode != 0
     assert "failed: the smoke checks failed: text" in run.stdout, run.stdout[-3000:]

@@ -547,3 +547,53 @@ def test_what_the_collection_did_not_create_is_refused_and_nothing_is_deleted(
     assert why.replace("HOME", str(home)) in result["msg"]
     assert "Nothing was deleted" in result["msg"] and "deployment_model_dir" in result["msg"]
     assert snapshot(home) == before
+
+
+# --------------------------------------------------------------------------- the deployed revision stays
+
+
+def record_file(tmp_path: Path, current: dict | None) -> str:
+    path = tmp_path / "deployments.json"
+    path.write_text(json.dumps({"current": current, "previous": None}))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("current", "recipe", "kept"),
+    [
+        pytest.param({"revision": OLD, "recipe": "tiny-chat"}, "tiny-chat", OLD, id="same-recipe"),
+        pytest.param({"revision": OLD}, "deepseek-v4.1-flash", OLD, id="a-record-from-before-recipes"),
+        pytest.param({"revision": OLD, "recipe": "tiny-chat"}, "tiny-chat-b", None, id="another-recipe"),
+        pytest.param({"revision": "", "recipe": "tiny-chat"}, "tiny-chat", None, id="a-single-directory"),
+        pytest.param({"revision": "main", "recipe": "tiny-chat"}, "tiny-chat", None, id="not-a-commit"),
+        pytest.param(None, "tiny-chat", None, id="nothing-deployed"),
+    ],
+)
+def test_the_deployed_revision_is_the_one_an_empty_revision_keeps(tmp_path, current, recipe, kept):
+    assert _revisions.deployed_revision(record_file(tmp_path, current), recipe) == kept
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[]"])
+def test_an_unreadable_record_keeps_nothing(tmp_path, content):
+    (tmp_path / "deployments.json").write_text(content)
+    assert _revisions.deployed_revision(str(tmp_path / "deployments.json"), "tiny-chat") is None
+    assert _revisions.deployed_revision(str(tmp_path / "absent.json"), "tiny-chat") is None
+
+
+def test_a_re_run_keeps_the_deployed_revision_without_asking_the_hub(tmp_path, run_module):
+    root = tmp_path / "model"
+    revision(root, OLD, 1_800_000_000)
+    args = {
+        "root": str(root),
+        "repo_id": "deepseek-ai/DeepSeek-V4.1-Flash",
+        "revision": "",
+        "endpoint": "http://127.0.0.1:9",  # nothing listens: asking would fail
+        "deployed_record": record_file(tmp_path, {"revision": OLD, "recipe": "tiny-chat"}),
+        "recipe": "tiny-chat",
+    }
+    result = run_module(checkpoint_revision, args)
+    assert not result.failed, result
+    assert (result["commit"], result["exists"]) == (OLD, True)
+    assert "the deployed revision, kept" in result["msg"]
+    followed = run_module(checkpoint_revision, {**args, "revision": "main"})
+    assert followed.failed or followed["commit"] != OLD or followed["warning"], "main is asked of the hub"
