@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 
 import pytest
@@ -242,6 +243,8 @@ def assert_serving(lab) -> None:
 
 def test_teardown_keeps_state_and_model_and_site_brings_everything_back(lab):
     key, model = api_key(lab), model_dir(lab)
+    copy_key = copy_key_of_the_head(lab)
+    assert copy_key in authorized_on_the_worker(lab)
     run, _ = run_playbook("playbooks/teardown.yml")
     try:
         assert run.returncode == 0, run.stdout[-3000:]
@@ -249,11 +252,40 @@ def test_teardown_keeps_state_and_model_and_site_brings_everything_back(lab):
         for node in RANKS:
             kept = lab.ssh(node, f"test -d {STATE_DIR} && test -s {model}/config.json", check=False)
             assert kept.returncode == 0, f"state and model kept on {node}"
+        assert copy_key not in authorized_on_the_worker(lab), "the head's copy key is taken back"
     finally:
         restored, _ = site()
     assert restored.returncode == 0, restored.stdout[-3000:]
     assert_serving(lab)
     assert api_key(lab) == key, "the key survives a teardown"
+
+
+def copy_key_of_the_head(lab) -> str:
+    """The head's checkpoint copy key (type and key, without its comment)."""
+    return " ".join(lab.ssh("head", f"cat {STATE_DIR}/ssh/id_ed25519.pub").stdout.split()[:2])
+
+
+def authorized_on_the_worker(lab) -> str:
+    return lab.ssh("worker", "cat ~/.ssh/authorized_keys").stdout
+
+
+def test_the_copy_key_can_only_write_into_the_workers_model_directory(lab):
+    key = copy_key_of_the_head(lab)
+    line = next(line for line in authorized_on_the_worker(lab).splitlines() if key in line)
+    assert line.startswith(f'restrict,command="/usr/bin/rrsync -wo -no-lock {MODEL_DIR}" '), line
+    ssh = (
+        f"ssh -i {STATE_DIR}/ssh/id_ed25519 -o IdentitiesOnly=yes -o BatchMode=yes"
+        f" -o UserKnownHostsFile={STATE_DIR}/ssh/known_hosts"
+    )
+    worker = f"spark@{FABRIC_ADDRESS['worker']}"
+    shell = lab.ssh("head", f"{ssh} {worker} id", check=False)
+    assert shell.returncode != 0 and "uid=" not in shell.stdout, shell
+    assert "rrsync error" in shell.stderr, shell.stderr
+    rsync = f"rsync -a -e {shlex.quote(ssh)}"
+    outside = lab.ssh("head", f"{rsync} {STATE_DIR}/api_key {worker}:../escaped", check=False)
+    assert outside.returncode != 0 and "do not use .." in outside.stderr, outside
+    read = lab.ssh("head", f"{rsync} {worker}:/ /tmp/dsv41-read/", check=False)
+    assert read.returncode != 0 and "write-only" in read.stderr, read
 
 
 def test_playbooks_run_by_fqcn_from_the_installed_collection_and_purge_only_when_asked(lab, fqcn):
