@@ -44,6 +44,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(
         {"job", "progress_file", "what", "seconds", "timeout_minutes", "timeout_variable", "note"}
+        | {"keep_fresh"}
     )
 
     def run(self, tmp=None, task_vars=None):
@@ -58,6 +59,7 @@ class ActionModule(ActionBase):
                 "timeout_minutes": {"type": "float", "required": True},
                 "timeout_variable": {"type": "str", "required": True},
                 "note": {"type": "str", "default": ""},
+                "keep_fresh": {"type": "path"},
             }
         )
         del validation  # its errors have already been raised
@@ -79,6 +81,7 @@ class ActionModule(ActionBase):
                     "progress_file": args["progress_file"],
                     "what": args["what"],
                     "seconds": poll_seconds,
+                    "keep_fresh": args["keep_fresh"],
                 },
                 task_vars=task_vars,
             )

@@ -47,6 +47,13 @@ options:
       - A sentence appended to the messages about time running out (what a re-run does). Only for the action.
     type: str
     default: ""
+  keep_fresh:
+    description:
+      - A file whose modification time is set to now at each poll, while it exists (a link's own,
+        never its target's) - the deployment lock, so that the head's supervisor, which counts a lock
+        older than C(supervisor_pause_max_minutes) as a run that is gone, stays paused while this run
+        waits hours for a download. When the run is gone, no one polls and the lock ages as before.
+    type: path
   results_file:
     description: The job's results file, the C(results_file) of the task that started it.
     type: path
@@ -148,15 +155,27 @@ line:
   sample: "download: downloading, 212.4 GiB of 462.0 GiB, 46.0%, 480.2 MiB/s, after 7m32s"
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers import remove_if_present
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import wait_for_job
+
+
+def keep_fresh(path: str) -> bool:
+    """Set the modification time of ``path`` itself to now; False when it is not there."""
+    try:
+        os.utime(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "results_file": {"type": "path", "required": True},
+            "keep_fresh": {"type": "path"},
             "progress_file": {"type": "path"},
             "what": {"type": "str", "default": ""},
             "seconds": {"type": "float", "default": 20},
@@ -171,6 +190,8 @@ def main() -> None:
     params = module.params
     if params["seconds"] < 0:
         module.fail_json(msg=f"seconds must be 0 or more, got {params['seconds']}")
+    if params["keep_fresh"] and not module.check_mode:
+        keep_fresh(params["keep_fresh"])
     report = wait_for_job(params["results_file"], params["progress_file"], params["seconds"], params["what"])
     if report["finished"] and not module.check_mode:
         remove_if_present(params["results_file"])

@@ -530,6 +530,12 @@ def test_a_site_yml_killed_during_the_copy_resumes_and_never_records_a_partial_f
             lambda: lab.ssh("worker", in_flight).stdout.strip() not in ("", "0"), timeout=240, interval=0.5
         ), "the copy got to the middle of a shard"
         time.sleep(2)
+        # The run keeps its lock fresh while it waits (the supervisor counts an old lock as a run
+        # that is gone): modified after the run took it, as the lock's guard file records.
+        taken, modified = lab.ssh(
+            "head", f"stat -c %Y {STATE_DIR}/.deployment.lock.guard {STATE_DIR}/deployment.lock"
+        ).stdout.split()
+        assert int(modified) > int(taken), (taken, modified)
     finally:
         first.send_signal(signal.SIGINT)
         # The copy job runs on the head in the background; it goes down as with the head itself.

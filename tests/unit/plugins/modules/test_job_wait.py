@@ -97,7 +97,7 @@ def test_the_documentation_matches_the_result(tmp_path, run_module):
     documented = yaml.safe_load(job_wait.RETURN)
     assert set(documented) == set(result) - {"changed", "invocation"}
     options = yaml.safe_load(job_wait.DOCUMENTATION)["options"]
-    module_options = {"results_file", "progress_file", "what", "seconds"}
+    module_options = {"results_file", "progress_file", "what", "seconds", "keep_fresh"}
     action_options = {"job", "timeout_minutes", "timeout_variable", "note"}
     assert set(options) == module_options | action_options
 
@@ -127,3 +127,35 @@ def test_a_finished_jobs_result_is_handed_over_and_its_file_removed(
     assert result["result"] == {"changed": True, "msg": "6 files downloaded"}
     assert result["changed"] is False, "waiting itself changes nothing on the node's configuration"
     assert job.exists() is not removed
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_each_poll_keeps_the_lock_fresh_and_never_creates_it(tmp_path, run_module, check_mode):
+    """The head's supervisor counts a lock older than supervisor_pause_max_minutes as a run that is
+    gone: a run that waits hours for a download keeps it fresh at each poll."""
+    lock = tmp_path / "deployment.lock"
+    lock.write_text("{}")
+    os.utime(lock, (1_000_000_000, 1_000_000_000))
+    args = {"results_file": str(tmp_path / "job"), "seconds": 0, "keep_fresh": str(lock)}
+    run_module(job_wait, args, check_mode=check_mode)
+    fresh = time.time() - lock.stat().st_mtime < 60
+    assert fresh is not check_mode, "check mode changes nothing"
+    lock.unlink()
+    result = run_module(job_wait, args)
+    assert not result.failed and not lock.exists(), "a lock given back is not made again"
+
+
+def test_a_link_at_the_lock_is_touched_itself_never_its_target(tmp_path, run_module):
+    target = tmp_path / "elsewhere"
+    target.write_text("x")
+    os.utime(target, (1_000_000_000, 1_000_000_000))
+    (tmp_path / "deployment.lock").symlink_to(target)
+    run_module(
+        job_wait,
+        {
+            "results_file": str(tmp_path / "job"),
+            "seconds": 0,
+            "keep_fresh": str(tmp_path / "deployment.lock"),
+        },
+    )
+    assert target.stat().st_mtime == 1_000_000_000
