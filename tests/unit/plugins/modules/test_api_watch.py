@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
@@ -10,9 +9,10 @@ from typing import ClassVar
 
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.modules import api_watch
+from local_http import JsonHandler, serving
 
 
-class Api(http.server.BaseHTTPRequestHandler):
+class Api(JsonHandler):
     """A chat completions endpoint that answers 503 while ``down`` and checks the bearer."""
 
     down = False
@@ -21,24 +21,17 @@ class Api(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         Api.bearers.append(self.headers.get("Authorization", ""))
-        code, body = (503, {}) if Api.down else (200, {"choices": [{"message": {"content": "p"}}]})
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        if Api.down:
+            self.reply(503, {})
+        else:
+            self.reply(200, {"choices": [{"message": {"content": "p"}}]})
 
 
 @pytest.fixture
 def api():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     Api.down, Api.bearers = False, []
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+    with serving(Api) as url:
+        yield f"{url}/v1"
 
 
 def test_the_gap_is_measured_from_answers_and_the_key_comes_from_its_file(tmp_path, api, run_module):

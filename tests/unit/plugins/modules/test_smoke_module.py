@@ -2,38 +2,29 @@
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 from typing import ClassVar
 
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.modules import smoke
+from local_http import JsonHandler, serving
 
 
-class Models(http.server.BaseHTTPRequestHandler):
+class Models(JsonHandler):
     bearers: ClassVar[list[str]] = []
 
     def do_GET(self):
         Models.bearers.append(self.headers.get("Authorization", ""))
-        authorized = self.headers.get("Authorization") == "Bearer k"
-        data = json.dumps({"data": [{"id": "m"}]} if authorized else {"error": "no key"}).encode()
-        self.send_response(200 if authorized else 401)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        if self.headers.get("Authorization") == "Bearer k":
+            self.reply(200, {"data": [{"id": "m"}]})
+        else:
+            self.reply(401, {"error": "no key"})
 
 
 @pytest.fixture
 def api():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     Models.bearers = []
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(Models) as url:
+        yield url
 
 
 @pytest.mark.parametrize(("key", "status"), [("k", 200), ("wrong", 401)])
