@@ -241,25 +241,6 @@ def assert_serving(lab) -> None:
         assert lab.ssh(node, "systemctl is-active dsv41-memguard").stdout.strip() == "active"
 
 
-def test_teardown_keeps_state_and_model_and_site_brings_everything_back(lab):
-    key, model = api_key(lab), model_dir(lab)
-    copy_key = copy_key_of_the_head(lab)
-    assert copy_key in authorized_on_the_worker(lab)
-    run, _ = run_playbook("playbooks/teardown.yml")
-    try:
-        assert run.returncode == 0, run.stdout[-3000:]
-        assert_stopped(lab)
-        for node in RANKS:
-            kept = lab.ssh(node, f"test -d {STATE_DIR} && test -s {model}/config.json", check=False)
-            assert kept.returncode == 0, f"state and model kept on {node}"
-        assert copy_key not in authorized_on_the_worker(lab), "the head's copy key is taken back"
-    finally:
-        restored, _ = site()
-    assert restored.returncode == 0, restored.stdout[-3000:]
-    assert_serving(lab)
-    assert api_key(lab) == key, "the key survives a teardown"
-
-
 def copy_key_of_the_head(lab) -> str:
     """The head's checkpoint copy key (type and key, without its comment)."""
     return " ".join(lab.ssh("head", f"cat {STATE_DIR}/ssh/id_ed25519.pub").stdout.split()[:2])
@@ -288,12 +269,26 @@ def test_the_copy_key_can_only_write_into_the_workers_model_directory(lab):
     assert read.returncode != 0 and "write-only" in read.stderr, read
 
 
-def test_playbooks_run_by_fqcn_from_the_installed_collection_and_purge_only_when_asked(lab, fqcn):
+def test_teardown_by_fqcn_keeps_state_and_model_purges_state_only_when_asked_and_site_brings_all_back(
+    lab, fqcn
+):
+    """The playbooks from the installed collection: teardown.yml keeps everything (but the head's copy
+    key), a second one with deployment_purge_state removes the state (a new key follows), and
+    site.yml brings the pair back."""
     key, model = api_key(lab), model_dir(lab)
-    run, _ = fqcn("teardown", "-e", "deployment_purge_state=true")
+    copy_key = copy_key_of_the_head(lab)
+    assert copy_key in authorized_on_the_worker(lab)
+    run, _ = fqcn("teardown")
     try:
         assert run.returncode == 0, run.stdout[-3000:]
         assert_stopped(lab)
+        for node in RANKS:
+            kept = lab.ssh(node, f"test -d {STATE_DIR} && test -s {model}/config.json", check=False)
+            assert kept.returncode == 0, f"state and model kept on {node}"
+        assert api_key(lab) == key, "the key survives a teardown"
+        assert copy_key not in authorized_on_the_worker(lab), "the head's copy key is taken back"
+        purged, _ = fqcn("teardown", "-e", "deployment_purge_state=true")
+        assert purged.returncode == 0, purged.stdout[-3000:]
         for node in RANKS:
             assert lab.ssh(node, f"test -e {STATE_DIR}", check=False).returncode != 0, f"state left on {node}"
             kept = lab.ssh(node, f"test -s {model}/config.json", check=False)

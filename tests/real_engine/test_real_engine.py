@@ -28,11 +28,13 @@ from real_engine_support import (
     started_at,
 )
 
+# Short, so that a prefill outlasts the hang threshold and a probe interval (12 s) however fast the
+# machine (30,000 tokens took 17-54 s here), and a case waits little for the last one's recovery.
 FAST = {
     "supervisor_interval_seconds": 2,
-    "supervisor_hang_seconds": 20,
-    "supervisor_probe_interval_seconds": 10,
-    "supervisor_probe_timeout_seconds": 10,
+    "supervisor_hang_seconds": 8,
+    "supervisor_probe_interval_seconds": 4,
+    "supervisor_probe_timeout_seconds": 8,
     "supervisor_backoff_initial_seconds": 2,
     "supervisor_backoff_max_seconds": 4,
     "supervisor_max_attempts": 2,
