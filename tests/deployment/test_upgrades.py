@@ -288,9 +288,6 @@ def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_one
     # Unasked, a re-run keeps the deployed revision: nothing is fetched.
     kept, _ = site("--tags", "checkpoint")
     assert kept.returncode == 0, kept.stdout[-3000:]
-    assert f"revision {first}" in kept.stdout and "the deployed revision, kept" in kept.stdout, kept.stdout[
-        -3000:
-    ]
     assert revisions_on(lab, "head") == {first}
 
     # Following main is asked for: fetched, verified and copied next to the revision that serves,
