@@ -82,7 +82,7 @@ def nodes_for(workers: int) -> list[Node]:
 
 NODE_PACKAGES = (
     "python3,python3-venv,python3-requests,openssh-server,rsync,sudo,iproute2,iputils-ping,curl,procps,"
-    "systemd,systemd-sysv,dbus,docker.io,ca-certificates,less"
+    "systemd,systemd-sysv,dbus,docker.io,ca-certificates,less,haproxy"
 )
 ENGINE_BASE_PACKAGES = "python3"
 
@@ -165,7 +165,8 @@ def apt_install(*packages: str) -> None:
 
 # What this machine needs to reach the nodes the way a controller does (SSH), and what the unit
 # tests of checkpoint_copy run for real (rsync).
-CONTROLLER_PACKAGES = ("openssh-client", "rsync")
+# haproxy: the unit tests run the API gateway's configuration in the real HAProxy.
+CONTROLLER_PACKAGES = ("openssh-client", "rsync", "haproxy")
 
 
 def ensure_controller_tools() -> None:

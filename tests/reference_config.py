@@ -60,7 +60,9 @@ def reference_vllm_argv(
     nnodes: int = 2,
     master_ip: str = "127.0.0.1",
     *,
-    port: int = 8000,
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    media_domains: tuple[str, ...] = ("media.invalid",),
     master_port: int = 29655,
     model: str = "/model",
     extra: tuple[str, ...] = (),
@@ -70,6 +72,11 @@ def reference_vllm_argv(
 
     With N nodes: ``--tensor-parallel-size N --nnodes N``, draft tensor parallel size N and
     ``--node-rank i --headless`` on worker i; the head adds its API flags, then ``extra``.
+
+    The collection's one deliberate difference (README, "Security"): the head's API server listens
+    on ``host``:``port``, the loopback behind the gateway that takes the reference's port 8000 and
+    asks for the key, and refuses media URLs outside ``media_domains`` (none by default). With
+    ``host="0.0.0.0", port=8000, media_domains=()`` this is the reference's command line verbatim.
     """
     argv = REFERENCE_VLLM_ARGS.replace("<head fabric ip>", master_ip).split()
     argv[0] = model
@@ -82,7 +89,10 @@ def reference_vllm_argv(
     argv[spec_index] = json.dumps(speculative, separators=(",", ":"))
     if rank == 0:
         adds = REFERENCE_HEAD_ADDS.split()
+        _set_value(adds, "--host", host)
         _set_value(adds, "--port", str(port))
+        if media_domains:
+            adds += ["--allowed-media-domains", *media_domains]
         adds += list(extra)
     else:
         adds = REFERENCE_WORKER_ADDS.split()

@@ -12,7 +12,8 @@ DeepSeek-V4.1-Flash recipe give the reference configuration value for value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import (
@@ -24,6 +25,9 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import (
     render_env,
     template_names,
 )
+
+NO_MEDIA_DOMAIN = "media.invalid"
+_DOMAIN = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
 
 def cudagraph_capture_sizes(num_speculative_tokens: int, max_num_seqs: int) -> list[int]:
@@ -88,12 +92,28 @@ def typed_as_the_recipe(settings: Mapping[str, Any], recipe_settings: Mapping[st
     return typed
 
 
+def media_domains_args(domains: Sequence[str]) -> list[str]:
+    """The head's ``--allowed-media-domains``: the domains given, else one that never resolves.
+
+    vLLM (0.32, ``MediaConnector``) fetches an image URL of any host when the list is empty or
+    unset, and refuses a host not in it when it is set: a name under the reserved ``.invalid``
+    (RFC 2606) refuses every URL while ``data:`` images still work.
+    """
+    for domain in domains:
+        if not isinstance(domain, str) or not _DOMAIN.fullmatch(domain):
+            raise ValueError(
+                f"rank_allowed_media_domains: {domain!r} is not a host name (e.g. images.example.com)"
+            )
+    return ["--allowed-media-domains", *(domains or [NO_MEDIA_DOMAIN])]
+
+
 def vllm_serve_args(
     *,
     node_rank: int,
     nnodes: int,
     recipe: Mapping[str, Any] | None = None,
     extra_args: list[str] | None = None,
+    allowed_media_domains: Sequence[str] = (),
     model: str = "/model",
     **settings: Any,
 ) -> list[str]:
@@ -101,8 +121,8 @@ def vllm_serve_args(
     ``serve.args``, then ``head_args`` (and ``extra_args``) on rank 0 or ``worker_args`` on the others.
 
     ``settings`` fill the recipe's templates: the rank role passes the recipe's settings overridden
-    by its rank_* variables, and the run's facts (``master_addr``, ``master_port``, ``api_port``,
-    ``served_model_name``). A value a template names that is not given is a TypeError naming it.
+    by its rank_* variables, and the run's facts (``master_addr``, ``master_port``, ``engine_host``,
+    ``engine_port``, ``served_model_name``). A value a template names that is not given is a TypeError naming it.
     ``recipe`` defaults to the DeepSeek-V4.1-Flash one. ``capture_sizes`` or
     ``cudagraph_capture_sizes`` (upstream ``CAPS``) replace the derived CUDA graph capture sizes;
     ``model`` is where the container sees the checkpoint.
@@ -124,7 +144,12 @@ def vllm_serve_args(
     try:
         args = render_args(serve["args"], values)
         if node_rank == 0:
-            return args + render_args(serve["head_args"], values) + [str(arg) for arg in extra_args or []]
+            return (
+                args
+                + render_args(serve["head_args"], values)
+                + media_domains_args(allowed_media_domains)
+                + [str(arg) for arg in extra_args or []]
+            )
         return args + render_args(serve["worker_args"], values)
     except MissingSetting as error:
         raise TypeError(str(error)) from error

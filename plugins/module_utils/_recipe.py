@@ -44,7 +44,8 @@ RUN_FACTS = (
     "node_rank",
     "master_addr",
     "master_port",
-    "api_port",
+    "engine_host",
+    "engine_port",
     "capture_sizes",
     "max_capture_size",
     "ifname",
@@ -211,6 +212,13 @@ def _check_templates(check: _Checker, field: str, value: Any, known: set[str]) -
         check.fail(field, f"is not a valid template ({error}); write {{{{ and }}}} for literal braces")
         return
     for name in sorted(names - known):
+        if name == "api_port":
+            check.fail(
+                field,
+                "names {api_port}: the engine listens behind the API gateway now; write"
+                ' --host "{engine_host}" --port "{engine_port}" in serve.head_args',
+            )
+            continue
         check.fail(field, f"names {{{name}}}, which is neither a setting of the recipe nor a fact of the run")
 
 
@@ -227,6 +235,30 @@ def _check_args(check: _Checker, field: str, value: Any, known: set[str]) -> lis
             continue
         _check_templates(check, where, item, known)
     return value
+
+
+# The collection owns these arguments: the head's API server listens only where the gateway reaches it,
+# and media URLs are refused unless rank_allowed_media_domains names their hosts.
+ENGINE_ADDRESS_ARGS = ("--host", "{engine_host}", "--port", "{engine_port}")
+COLLECTION_ARGS = ("--allowed-media-domains",)
+
+
+def _check_engine_address(check: _Checker, serve: Mapping[str, list[Any]]) -> None:
+    for key in ("args", "head_args", "worker_args"):
+        for index, item in enumerate(serve[key]):
+            if isinstance(item, str) and item.split("=", 1)[0] in COLLECTION_ARGS:
+                check.fail(
+                    f"serve.{key}[{index}]",
+                    f"{item.split('=', 1)[0]} is set by the collection (rank_allowed_media_domains)",
+                )
+    head = [item for item in serve["head_args"] if isinstance(item, str)]
+    pairs = {head[i]: head[i + 1] for i in range(len(head) - 1) if head[i] in ("--host", "--port")}
+    if pairs.get("--host") != "{engine_host}" or pairs.get("--port") != "{engine_port}":
+        check.fail(
+            "serve.head_args",
+            'must hold --host "{engine_host}" --port "{engine_port}": the API server listens on the head'
+            " only, behind the gateway that asks every path but /health for the key",
+        )
 
 
 def _checkpoint(check: _Checker, document: Mapping[str, Any]) -> dict[str, Any]:
@@ -292,6 +324,7 @@ def _serve(check: _Checker, document: Mapping[str, Any], known: set[str]) -> dic
         key: _check_args(check, f"serve.{key}", serve.get(key), known)
         for key in ("args", "head_args", "worker_args")
     }
+    _check_engine_address(check, out)
     env = check.mapping(serve, "serve.env", required=False)
     for key, value in env.items():
         if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):

@@ -25,7 +25,7 @@ description:
   - Reads only; changes nothing.
 options:
   commands:
-    description: Commands to look up on the PATH; the ones not found are returned in RV(missing_commands).
+    description: Commands to look up on the PATH and in the sbin directories; the ones not found are returned in RV(missing_commands).
     type: list
     elements: str
     default: []
@@ -270,6 +270,9 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
 )
 
 
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
 def python_distributions(module: AnsibleModule, asked: dict | None) -> dict[str, str]:
     """The versions of the distributions ``asked`` in the Python it names ("" when it does not run)."""
     if not asked:
@@ -329,7 +332,11 @@ def main() -> None:
     result = {
         "changed": False,
         "ansible_facts": user_facts(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir),
-        "missing_commands": missing_commands(params["commands"], shutil.which),
+        # The sbin directories too, where systemd finds a unit's command (a user's PATH may lack them).
+        "missing_commands": missing_commands(
+            params["commands"],
+            lambda name: shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *SBIN_DIRS])),
+        ),
         "missing_python_modules": missing_python_modules(params["python_modules"], importlib.util.find_spec),
     }
     result["python_distributions"] = python_distributions(module, params["python_distributions"])

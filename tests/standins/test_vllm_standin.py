@@ -474,6 +474,15 @@ def test_vision_names_left_then_right(head: Rank) -> None:
     assert request(head, "POST", "/v1/chat/completions", two)[0] == 400  # --limit-mm-per-prompt {"image":1}
 
 
+def test_an_image_url_of_a_host_not_allowed_is_refused_before_any_fetch(head: Rank) -> None:
+    """The role's default --allowed-media-domains media.invalid: vLLM 0.32 refuses every http URL."""
+    body = image_message(b"")
+    body["messages"][0]["content"][1]["image_url"]["url"] = "http://198.18.0.1:8080/secret.png"
+    status, answer = request(head, "POST", "/v1/chat/completions", body)
+    assert status == 400
+    assert "allowed domains: ['media.invalid']. Input URL domain: 198.18.0.1" in answer["error"]["message"]
+
+
 def test_streaming_one_token_per_chunk_and_usage(head: Rank) -> None:
     _, events = stream(head, "/v1/chat/completions", chat("Describe the fabric link.", **NO_THINKING))
     assert events[-1][1] == "[DONE]"

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import struct
+import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -264,6 +265,18 @@ class Planner:
         count = sum(len(message_images(m)) for m in messages)
         if limit is not None and count > limit:
             raise RequestError(400, f"At most {limit} image(s) may be provided in one prompt.")
+        # vLLM 0.32's MediaConnector: with --allowed-media-domains set, an http(s) URL of another host
+        # is refused before anything is fetched (the stand-in fetches nothing anyway).
+        allowed = self.args.allowed_media_domains or []
+        for message in messages:
+            for url in message_images(message):
+                host = urllib.parse.urlsplit(url).hostname if url.lower().startswith("http") else None
+                if allowed and host is not None and host not in allowed:
+                    raise RequestError(
+                        400,
+                        f"The URL must be from one of the allowed domains: {allowed}. Input URL domain: {host}",
+                        param="image_url",
+                    )
 
     def _chat_content(self, request: dict[str, Any], messages: list[dict[str, Any]]) -> Answer:
         last = messages[-1]

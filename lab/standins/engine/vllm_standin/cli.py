@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     frontend.add_argument("--host", default="0.0.0.0")  # noqa: S104 - vLLM's default: all interfaces
     frontend.add_argument("--port", type=int, default=8000)
     frontend.add_argument("--api-key", default=None, help="prefer the VLLM_API_KEY environment variable")
+    frontend.add_argument("--allowed-media-domains", nargs="+", default=None, metavar="DOMAIN")
     frontend.add_argument("--reasoning-parser", default=None)
     frontend.add_argument("--tool-call-parser", default=None)
     _add_bool(frontend, "--enable-auto-tool-choice", "let the model decide to call tools")

@@ -44,6 +44,7 @@ HEAD_ONLY_ARGS = frozenset(
         "enable_auto_tool_choice",
         "enable_prompt_tokens_details",
         "enable_force_include_usage",
+        "allowed_media_domains",
     }
 )
 

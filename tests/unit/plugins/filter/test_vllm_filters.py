@@ -19,7 +19,7 @@ SERVE = {
     "node_rank": 1, "nnodes": 2, "master_addr": "198.18.0.13", "master_port": 29655,
     "served_model_name": "m", "kv_cache_memory_bytes": 1, "gpu_memory_utilization": 0.5, "max_model_len": 8,
     "max_num_seqs": 1, "max_num_batched_tokens": 8, "num_speculative_tokens": 0, "cudagraph_mode": "NONE",
-    "api_port": 8000,
+    "engine_host": "127.0.0.1", "engine_port": 8001,
 }  # fmt: skip
 ENV = {"ifname": "e", "hcas": "h", "host_ip": "1.2.3.4", "gid_index": 3, "plan_name": "p.json"}
 CHILD = """
@@ -57,7 +57,7 @@ def test_the_filters_render_the_settings():
     assert env["value"]["ST_EXL3_PLAN"] == "/plans/p.json"
 
 
-@pytest.mark.parametrize(("name", "settings", "missing"), [("vllm_serve_args", SERVE, "api_port"),
+@pytest.mark.parametrize(("name", "settings", "missing"), [("vllm_serve_args", SERVE, "engine_port"),
                                                            ("vllm_rank_env", ENV, "plan_name")])  # fmt: skip
 def test_a_missing_setting_is_named(name, settings, missing):
     (result,) = apply((name, {key: value for key, value in settings.items() if key != missing}))

@@ -42,7 +42,9 @@ def serve_settings(node_rank: int, nnodes: int, master_addr: str, **overrides: A
         "num_speculative_tokens": DEFAULTS["rank_num_speculative_tokens"],
         "cudagraph_mode": DEFAULTS["rank_cudagraph_mode"],
         "capture_sizes": DEFAULTS["rank_cudagraph_capture_sizes"],
-        "api_port": DEFAULTS["deployment_api_port"],
+        "engine_host": "127.0.0.1",
+        "engine_port": DEFAULTS["deployment_engine_port"],
+        "allowed_media_domains": DEFAULTS["rank_allowed_media_domains"],
         "extra_args": DEFAULTS["rank_extra_args"],
     }
     return {**settings, **overrides}
@@ -84,7 +86,7 @@ def test_capture_sizes_reject_nonsense(nspec, max_seqs):
 def test_the_role_defaults_hold_plain_values_of_the_right_types():
     """What the YAML gives is what the role passes (its ``| int`` and ``| float`` change nothing)."""
     settings = serve_settings(0, 2, "198.18.0.13")
-    assert all(isinstance(settings[key], int) for key in ("master_port", "max_num_seqs", "api_port"))
+    assert all(isinstance(settings[key], int) for key in ("master_port", "max_num_seqs", "engine_port"))
     assert isinstance(settings["gpu_memory_utilization"], float)
     assert (settings["capture_sizes"], settings["extra_args"], env_settings()["extra"]) == ([], [], {})
 
@@ -102,7 +104,7 @@ def test_env_from_the_role_defaults_equals_the_reference():
 @pytest.mark.parametrize(
     "setting",
     ["master_port", "served_model_name", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len",
-     "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens", "cudagraph_mode", "api_port"],
+     "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens", "cudagraph_mode", "engine_host", "engine_port"],
 )  # fmt: skip
 def test_every_serving_setting_is_required(setting):
     settings = serve_settings(0, 2, "198.18.0.13")
@@ -122,7 +124,7 @@ def test_every_env_setting_is_required(setting):
 def test_serving_settings_flow_into_the_args():
     args = vllm_serve_args(
         **serve_settings(
-            0, 2, "10.0.0.1", max_num_seqs=4, num_speculative_tokens=3, api_port=9000,
+            0, 2, "10.0.0.1", max_num_seqs=4, num_speculative_tokens=3, engine_port=9000,
             extra_args=["--foo", "1"], cudagraph_mode="PIECEWISE",
         )
     )  # fmt: skip
@@ -159,6 +161,31 @@ def test_a_number_setting_given_as_other_text_is_refused_naming_it():
 
 def test_extra_args_only_on_the_head():
     assert "--foo" not in vllm_serve_args(**serve_settings(1, 2, "x", extra_args=["--foo"]))
+
+
+@pytest.mark.parametrize(
+    ("domains", "expected"),
+    [([], ["media.invalid"]), (["images.example.com"], ["images.example.com"]),
+     (["a.example", "b.example"], ["a.example", "b.example"])],
+    ids=["none-allowed", "one", "two"],
+)  # fmt: skip
+def test_the_head_refuses_media_urls_outside_the_allowed_domains(domains, expected):
+    head = vllm_serve_args(**serve_settings(0, 2, "x", allowed_media_domains=domains, extra_args=["--foo"]))
+    at = head.index("--allowed-media-domains")
+    assert head[at + 1 : at + 1 + len(expected)] == expected
+    assert head[at + 1 + len(expected)] == "--foo", "the domains end where the user's extra args begin"
+    assert "--allowed-media-domains" not in vllm_serve_args(**serve_settings(1, 2, "x", allowed_media_domains=domains))
+
+
+@pytest.mark.parametrize("domain", ["", "http://images.example.com", "a b", "*.example.com", 7])
+def test_a_media_domain_that_is_no_host_name_is_refused_naming_the_setting(domain):
+    with pytest.raises(ValueError, match="rank_allowed_media_domains"):
+        vllm_serve_args(**serve_settings(0, 2, "x", allowed_media_domains=[domain]))
+
+
+def test_the_engine_listens_where_the_gateway_reaches_it():
+    head = dict(itertools.pairwise(vllm_serve_args(**serve_settings(0, 2, "x"))))
+    assert (head["--host"], head["--port"]) == ("127.0.0.1", str(DEFAULTS["deployment_engine_port"]))
 
 
 def test_rank_outside_the_cluster_is_refused():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def minimal(**changes: Any) -> dict[str, Any]:
         "settings": {"max_model_len": 512},
         "serve": {
             "args": ["{model}", "--max-model-len", "{max_model_len}", "--tensor-parallel-size", "{nnodes}"],
-            "head_args": ["--port", "{api_port}"],
+            "head_args": ["--host", "{engine_host}", "--port", "{engine_port}"],
             "worker_args": ["--headless"],
             "env": {"GLOO_SOCKET_IFNAME": "{ifname}"},
         },
@@ -64,7 +65,8 @@ def test_the_deepseek_recipe_renders_the_reference_exactly(node_rank, nnodes):
         "master_addr": "198.18.0.13",
         "master_port": 29655,
         "served_model_name": loaded["served_model_name"],
-        "api_port": 8000,
+        "engine_host": "127.0.0.1",
+        "engine_port": 8001,
     }
     args = vllm_serve_args(recipe=loaded, node_rank=node_rank, nnodes=nnodes, **settings)
     assert args == reference_vllm_argv(node_rank, nnodes, "198.18.0.13")
@@ -74,11 +76,15 @@ def test_the_deepseek_recipe_renders_the_reference_exactly(node_rank, nnodes):
 
 def test_the_generic_recipe_renders_a_stock_vllm_command_line():
     loaded = recipe.load_named("vllm-generic")
-    settings = {**loaded["settings"], "master_addr": "10.0.0.1", "master_port": 29655, "api_port": 8000}
+    settings = {
+        **loaded["settings"], "master_addr": "10.0.0.1", "master_port": 29655,
+        "engine_host": "127.0.0.1", "engine_port": 8001,
+    }  # fmt: skip
     head = vllm_serve_args(recipe=loaded, node_rank=0, nnodes=2, served_model_name="qwen", **settings)
     worker = vllm_serve_args(recipe=loaded, node_rank=1, nnodes=2, served_model_name="qwen", **settings)
     assert head[:3] == ["/model", "--served-model-name", "qwen"]
-    assert head[-6:] == ["--node-rank", "0", "--host", "0.0.0.0", "--port", "8000"]
+    assert head[-8:] == ["--node-rank", "0", "--host", "127.0.0.1", "--port", "8001",
+                         "--allowed-media-domains", "media.invalid"]  # fmt: skip
     assert worker[-3:] == ["--node-rank", "1", "--headless"]
     assert "--engram-config" not in head and "--speculative-config" not in head
     env = vllm_rank_env(recipe=loaded, **FACTS)
@@ -237,9 +243,30 @@ def test_templates_keep_a_lone_values_type_and_format_the_rest():
 
 def test_a_setting_the_templates_name_is_required_of_every_rank():
     loaded = recipe.validate(minimal())
-    with pytest.raises(TypeError, match="'api_port'"):
+    with pytest.raises(TypeError, match="'engine_port'"):
         # The worker does not use the API port, but a setting left out shows on any node.
-        vllm_serve_args(recipe=loaded, node_rank=1, nnodes=2, max_model_len=512)
+        vllm_serve_args(recipe=loaded, node_rank=1, nnodes=2, max_model_len=512, engine_host="127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("head_args", "message"),
+    [
+        (["--port", "{engine_port}"], 'must hold --host "{engine_host}"'),
+        (["--host", "0.0.0.0", "--port", "{engine_port}"], 'must hold --host "{engine_host}"'),
+        (["--host", "{engine_host}", "--port", "8000"], 'must hold --host "{engine_host}"'),
+        (["--host", "{engine_host}", "--port", "{api_port}"], "names {api_port}: the engine listens behind"),
+        (["--host", "{engine_host}", "--port", "{engine_port}", "--allowed-media-domains", "x.example"],
+         "--allowed-media-domains is set by the collection"),
+        (["--host", "{engine_host}", "--port", "{engine_port}", "--allowed-media-domains=x.example"],
+         "--allowed-media-domains is set by the collection"),
+    ],
+    ids=["no-host", "all-interfaces", "fixed-port", "old-api-port", "media-domains", "media-domains-equals"],
+)  # fmt: skip
+def test_the_head_api_listens_only_behind_the_gateway(head_args, message):
+    document = minimal()
+    document["serve"]["head_args"] = head_args
+    with pytest.raises(recipe.RecipeError, match="serve.head_args.*" + re.escape(message)):
+        recipe.validate(document)
 
 
 def test_the_deepseek_file_is_what_the_shipped_default_reads():
