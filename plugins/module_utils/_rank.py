@@ -27,7 +27,9 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._recipe import (
 )
 
 NO_MEDIA_DOMAIN = "media.invalid"
-_DOMAIN = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_DOMAIN = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 
 
 def cudagraph_capture_sizes(num_speculative_tokens: int, max_num_seqs: int) -> list[int]:
@@ -122,7 +124,8 @@ def vllm_serve_args(
 
     ``settings`` fill the recipe's templates: the rank role passes the recipe's settings overridden
     by its rank_* variables, and the run's facts (``master_addr``, ``master_port``, ``engine_host``,
-    ``engine_port``, ``served_model_name``). A value a template names that is not given is a TypeError naming it.
+    ``engine_port``, ``served_model_name``). A value a template names that is not given is a
+    TypeError naming it.
     ``recipe`` defaults to the DeepSeek-V4.1-Flash one. ``capture_sizes`` or
     ``cudagraph_capture_sizes`` (upstream ``CAPS``) replace the derived CUDA graph capture sizes;
     ``model`` is where the container sees the checkpoint.

@@ -25,7 +25,9 @@ description:
   - Reads only; changes nothing.
 options:
   commands:
-    description: Commands to look up on the PATH and in the sbin directories; the ones not found are returned in RV(missing_commands).
+    description:
+      - Commands to look up on the PATH and in the sbin directories; the ones not found are returned in
+        RV(missing_commands).
     type: list
     elements: str
     default: []
@@ -268,7 +270,6 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     present_images,
     user_facts,
 )
-
 
 SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 

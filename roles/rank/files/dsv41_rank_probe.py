@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -33,7 +33,8 @@ LOOK_INTERVAL_S = 1.0
 # the fabric address is not: that probe sends no key, so it does not check the certificate.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _HEALTH_OPENER = urllib.request.build_opener(
-    urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ssl._create_unverified_context())  # noqa: S323 - no key is sent
+    urllib.request.ProxyHandler({}),
+    urllib.request.HTTPSHandler(context=ssl._create_unverified_context()),  # noqa: S323 - no key is sent
 )
 
 

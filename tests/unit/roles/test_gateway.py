@@ -75,9 +75,15 @@ def gateway(tmp_path: Path, key: str = KEY, **overrides) -> Iterator[str]:
         path = tmp_path / "gateway.cfg"
         path.write_text(config)
         environment = {"PATH": os.environ["PATH"], "VLLM_API_KEY": key}
-        check = subprocess.run([HAPROXY, "-c", "-q", "-f", str(path)], env=environment, capture_output=True, text=True)
+        check = subprocess.run(
+            [HAPROXY, "-c", "-q", "-f", str(path)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert check.returncode == 0, check.stdout + check.stderr
-        process = subprocess.Popen([HAPROXY, "-db", "-f", str(path)], env=environment)  # noqa: S603 - argv list
+        process = subprocess.Popen([HAPROXY, "-db", "-f", str(path)], env=environment)
         scheme = "https" if overrides.get("__rank_gateway_tls") else "http"
         try:
             deadline = time.monotonic() + 10
@@ -93,7 +99,9 @@ def gateway(tmp_path: Path, key: str = KEY, **overrides) -> Iterator[str]:
 
 
 def ask(url: str, key: str | None = None, method: str = "GET") -> int:
-    request = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {key}"} if key else {})
+    request = urllib.request.Request(
+        url, method=method, headers={"Authorization": f"Bearer {key}"} if key else {}
+    )
     opener = urllib.request.build_opener(
         urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ssl._create_unverified_context())
     )
@@ -152,5 +160,5 @@ def test_tls_serves_the_users_certificate(tmp_path):
         assert ask(f"{url}/health") == 200
         assert ask(f"{url}/v1/models") == 401
         assert ask(f"{url}/v1/models", KEY) == 200
-        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED|self.signed"):
+        with pytest.raises(urllib.error.URLError, match=r"CERTIFICATE_VERIFY_FAILED|self.signed"):
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{url}/health", timeout=5)

@@ -274,7 +274,8 @@ class Planner:
                 if allowed and host is not None and host not in allowed:
                     raise RequestError(
                         400,
-                        f"The URL must be from one of the allowed domains: {allowed}. Input URL domain: {host}",
+                        f"The URL must be from one of the allowed domains: {allowed}."
+                        f" Input URL domain: {host}",
                         param="image_url",
                     )
 

@@ -104,7 +104,8 @@ def test_env_from_the_role_defaults_equals_the_reference():
 @pytest.mark.parametrize(
     "setting",
     ["master_port", "served_model_name", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len",
-     "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens", "cudagraph_mode", "engine_host", "engine_port"],
+     "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens", "cudagraph_mode", "engine_host",
+     "engine_port"],
 )  # fmt: skip
 def test_every_serving_setting_is_required(setting):
     settings = serve_settings(0, 2, "198.18.0.13")
@@ -174,7 +175,9 @@ def test_the_head_refuses_media_urls_outside_the_allowed_domains(domains, expect
     at = head.index("--allowed-media-domains")
     assert head[at + 1 : at + 1 + len(expected)] == expected
     assert head[at + 1 + len(expected)] == "--foo", "the domains end where the user's extra args begin"
-    assert "--allowed-media-domains" not in vllm_serve_args(**serve_settings(1, 2, "x", allowed_media_domains=domains))
+    assert "--allowed-media-domains" not in vllm_serve_args(
+        **serve_settings(1, 2, "x", allowed_media_domains=domains)
+    )
 
 
 @pytest.mark.parametrize("domain", ["", "http://images.example.com", "a b", "*.example.com", 7])
