@@ -76,11 +76,33 @@ def test_checkpoint_is_rebuilt_and_verified_on_every_node(lab):
         assert ".part" not in check.stdout, "parts are deleted once their shard is verified"
 
 
+# vLLM answers these without its key (measured on 0.32); the gateway asks for it on all of them.
+OPEN_ON_VLLM = ["/invocations", "/tokenize", "/detokenize", "/metrics", "/version", "/docs", "/v1/models"]
+
+
 def test_api_answers_with_the_key_only(lab):
-    url = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
-    assert http_status(url, {"Authorization": f"Bearer {api_key(lab)}"}) == 200
-    assert http_status(url) == 401
-    assert http_status(url, {"Authorization": "Bearer wrong"}) == 401
+    base = f"http://{MGMT_ADDRESS['head']}:8000"
+    key = {"Authorization": f"Bearer {api_key(lab)}"}
+    assert http_status(f"{base}/health") == 200, "/health answers anyone"
+    for path in OPEN_ON_VLLM:
+        assert http_status(f"{base}{path}") == 401, path
+        assert http_status(f"{base}{path}", {"Authorization": "Bearer wrong"}) == 401, path
+    assert http_status(f"{base}/v1/models", key) == 200
+    assert http_status(f"{base}/metrics", key) == 200
+
+
+def test_the_engine_listens_on_the_heads_loopback_only_and_metrics_answer_the_named_source(lab):
+    listening = lab.ssh("head", "ss -Htln").stdout
+    assert re.search(r"\s127\.0\.0\.1:8001\s", listening), listening
+    assert not re.search(r"\s(0\.0\.0\.0|\*|\[::\]):8001\s", listening), listening
+    # From the worker, over the fabric: the engine's port is closed, the gateway's /metrics open to
+    # the source the lab inventory names (rank_api_metrics_sources), its other paths not.
+    head = FABRIC_ADDRESS["head"]
+    probe = "curl -s -o /dev/null -w '%{http_code}' --noproxy '*' "
+    assert lab.ssh("worker", f"{probe}http://{head}:8001/health", check=False).stdout == "000"
+    assert lab.ssh("worker", f"{probe}http://{head}:8000/metrics").stdout == "200"
+    assert lab.ssh("worker", f"{probe}http://{head}:8000/tokenize").stdout == "401"
+    assert http_status(f"http://{MGMT_ADDRESS['head']}:8000/metrics") == 401, "the controller is not named"
 
 
 def test_key_is_in_no_command_line_and_no_unit_file(lab):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import shlex
 import signal
 import subprocess
@@ -508,22 +509,32 @@ def test_a_site_yml_killed_during_the_copy_resumes_and_never_records_a_partial_f
     # rsync would link them from there (--link-dest) instead of copying them.
     lab.ssh("worker", f"cd {MODEL_DIR}/revisions && rm -f {' '.join(f'*/{name}' for name in lost)}")
     in_flight = f"ls -a {served} | grep -c '^\\.model-0000[56]-of-00006\\.safetensors\\.' || true"
+    # A lock older than supervisor_pause_max_minutes counts as a run that is gone: with 15 s, the
+    # copy below holds it longer, and the supervisor must stay paused because the run keeps it fresh.
+    short_pause = {**FAST, "supervisor_pause_max_minutes": 0.25, "checkpoint_poll_seconds": 3}
+    assert site("--tags", "supervisor", "-e", json.dumps(short_pause))[0].returncode == 0
     first = subprocess.Popen(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", INVENTORY, "site.yml",
-         "-e", json.dumps({**FAST, "checkpoint_copy_bwlimit_kib": 256})],
+         "-e", json.dumps({**short_pause, "checkpoint_copy_bwlimit_kib": 64})],
         cwd=REPO, env=user_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         assert wait_for(
             lambda: lab.ssh("worker", in_flight).stdout.strip() not in ("", "0"), timeout=240, interval=0.5
         ), "the copy got to the middle of a shard"
-        time.sleep(2)
         # The run keeps its lock fresh while it waits (the supervisor counts an old lock as a run
-        # that is gone): modified after the run took it, as the lock's guard file records.
-        taken, modified = lab.ssh(
-            "head", f"stat -c %Y {STATE_DIR}/.deployment.lock.guard {STATE_DIR}/deployment.lock"
-        ).stdout.split()
-        assert int(modified) > int(taken), (taken, modified)
+        # that is gone): past supervisor_pause_max_minutes since the run took it (as the lock's guard
+        # file records), the lock is younger than that and the supervisor still paused.
+        def lock_times() -> list[int]:
+            command = f"date +%s; stat -c %Y {STATE_DIR}/.deployment.lock.guard {STATE_DIR}/deployment.lock"
+            return [int(value) for value in lab.ssh("head", command).stdout.split()]
+
+        assert wait_for(lambda: operator.sub(*lock_times()[:2]) > 20, timeout=120, interval=1)
+        assert lab.ssh("worker", in_flight).stdout.strip() not in ("", "0"), "the copy still runs"
+        now, taken, modified = lock_times()
+        assert now - modified < 15 and modified > taken, (now, taken, modified)
+        state = supervisor_state(lab)
+        assert state["state"] == "paused", state
     finally:
         first.send_signal(signal.SIGINT)
         # The copy job runs on the head in the background; it goes down as with the head itself.

@@ -55,6 +55,19 @@ def test_the_model_answers_with_the_key_and_v1_refuses_without_it(key):
     assert status == 200 and [m["id"] for m in models["data"]] == [MODEL]
 
 
+def test_the_gateway_asks_every_path_of_the_real_engine_but_health_for_the_key(key):
+    """vLLM 0.32 checks its key on /v1 only: these answered anyone before the gateway (measured)."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 23?"}], "max_tokens": 4}
+    tokenize = {"model": MODEL, "prompt": "What is 17 * 23?"}
+    assert request("/health")[0] == 200
+    for path, body in [("/invocations", chat), ("/tokenize", tokenize), ("/detokenize", {"tokens": [1, 2]}),
+                       ("/metrics", None), ("/version", None), ("/docs", None), ("/openapi.json", None)]:  # fmt: skip
+        assert request(path, body)[0] == 401, path
+    assert request("/invocations", chat, key=key)[0] == 200
+    status, tokens = request("/tokenize", tokenize, key=key)
+    assert status == 200 and tokens["count"] > 0
+
+
 def test_the_ranks_run_the_recipes_command_line_by_the_images_entrypoint(lab):
     """No role knows the model: the arguments are the recipe's, after the image's own `vllm serve`."""
     head = json.loads(lab.ssh("head", "docker inspect --format '{{json .Config.Cmd}}' dsv41-r0").stdout)
@@ -64,7 +77,10 @@ def test_the_ranks_run_the_recipes_command_line_by_the_images_entrypoint(lab):
     )
     assert entrypoint == ["vllm", "serve"]
     assert head[:3] == ["/model", "--served-model-name", MODEL]
-    assert head[-5:] == ["--port", "8000", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert head[-9:] == [
+        "--host", "127.0.0.1", "--port", "8001", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--allowed-media-domains", "media.invalid",
+    ]  # fmt: skip
     assert worker[-3:] == ["--node-rank", "1", "--headless"]
     env = lab.ssh("worker", "docker inspect --format '{{json .Config.Env}}' dsv41-r1").stdout
     assert "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env and "VLLM_API_KEY" not in env
