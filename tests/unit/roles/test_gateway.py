@@ -30,12 +30,28 @@ OPEN_ON_VLLM = ["/invocations", "/tokenize", "/detokenize", "/metrics", "/versio
 
 
 class Engine(JsonHandler):
-    """Stands for the engine behind the gateway: says what reached it."""
+    """Stands for the engine behind the gateway: says what reached it; /stream sends its headers,
+    then (a prefill later) two events, STREAM_GAP seconds apart each, as vLLM streams tokens."""
 
     def do_GET(self) -> None:
+        if self.path == "/v1/stream":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            for event in (b"data: first\n\n", b"data: second\n\n"):
+                time.sleep(STREAM_GAP)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            return
         self.reply(200, {"path": self.path, "authorization": self.headers.get("Authorization")})
 
     do_POST = do_GET
+
+
+STREAM_GAP = 0.5
 
 
 def free_port() -> int:
@@ -145,6 +161,23 @@ def test_metrics_answer_the_named_sources_without_the_key_and_nothing_else(tmp_p
         assert ask(f"{url}/tokenize") == 401
     with gateway(tmp_path, rank_api_metrics_sources=["10.9.9.9"]) as url:
         assert ask(f"{url}/metrics") == 401
+
+
+def test_each_streamed_event_goes_on_at_once(tmp_path):
+    with gateway(tmp_path) as url:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        request = urllib.request.Request(f"{url}/v1/stream", headers={"Authorization": f"Bearer {KEY}"})
+        start = time.monotonic()
+        with opener.open(request, timeout=10) as reply:
+            headers_at = time.monotonic() - start
+            first = reply.readline()
+            first_at = time.monotonic() - start
+            rest = reply.read()
+    assert first == b"data: first\n"
+    assert b"data: second" in rest
+    # Without `option http-no-delay` the headers came 200 ms late and the first event with the rest.
+    assert headers_at < 0.1, headers_at
+    assert first_at - STREAM_GAP < 0.1, first_at
 
 
 def test_tls_serves_the_users_certificate(tmp_path):
