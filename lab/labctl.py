@@ -82,7 +82,7 @@ def nodes_for(workers: int) -> list[Node]:
 
 NODE_PACKAGES = (
     "python3,python3-venv,python3-requests,openssh-server,rsync,sudo,iproute2,iputils-ping,curl,procps,"
-    "systemd,systemd-sysv,dbus,docker.io,ca-certificates,less,haproxy"
+    "systemd,systemd-sysv,dbus,docker.io,ca-certificates,less,haproxy,nftables"
 )
 ENGINE_BASE_PACKAGES = "python3"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
 import time
 
 import pytest
@@ -103,6 +104,16 @@ def test_the_engine_listens_on_the_heads_loopback_only_and_metrics_answer_the_na
     assert lab.ssh("worker", f"{probe}http://{head}:8000/metrics").stdout == "200"
     assert lab.ssh("worker", f"{probe}http://{head}:8000/tokenize").stdout == "401"
     assert http_status(f"http://{MGMT_ADDRESS['head']}:8000/metrics") == 401, "the controller is not named"
+
+
+def test_only_the_fabric_reaches_the_rendezvous_which_listens_on_every_interface(lab):
+    """torch's TCPStore listens on every interface of the head (as the stand-in does, measured on
+    vLLM 0.32); the rendezvous guard drops what does not come over the fabric or loopback."""
+    assert re.search(r"\s(\*|0\.0\.0\.0):29655\s", lab.ssh("head", "ss -Htln").stdout)
+    assert lab.ssh("head", "systemctl is-enabled dsv41-rendezvous-guard").stdout.strip() == "enabled"
+    with pytest.raises(TimeoutError):  # dropped (refused would mean that nothing listened)
+        socket.create_connection((MGMT_ADDRESS["head"], 29655), timeout=3).close()
+    assert socket.create_connection((MGMT_ADDRESS["head"], 8000), timeout=3), "the API's port is open"
 
 
 def test_key_is_in_no_command_line_and_no_unit_file(lab):

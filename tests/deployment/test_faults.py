@@ -522,6 +522,7 @@ def test_a_site_yml_killed_during_the_copy_resumes_and_never_records_a_partial_f
         assert wait_for(
             lambda: lab.ssh("worker", in_flight).stdout.strip() not in ("", "0"), timeout=240, interval=0.5
         ), "the copy got to the middle of a shard"
+
         # The run keeps its lock fresh while it waits (the supervisor counts an old lock as a run
         # that is gone): past supervisor_pause_max_minutes since the run took it (as the lock's guard
         # file records), the lock is younger than that and the supervisor still paused.

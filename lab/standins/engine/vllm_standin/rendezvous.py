@@ -144,10 +144,14 @@ class HeadRendezvous:
         self._cond = threading.Condition()
 
     def start(self) -> None:
+        # As torch's TCPStore under vLLM 0.32 (measured on the real-engine lab): the head listens on
+        # every interface, whatever --master-addr names; the address must still be one of its own.
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            listener.bind((self.addr, self.port))
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as own_address:
+                own_address.bind((self.addr, 0))
+            listener.bind(("", self.port))
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on --master-addr {self.addr} --master-port {self.port}: {exc}"
