@@ -67,3 +67,29 @@ def test_the_command_line_is_quoted_and_a_bad_configuration_stops_the_restarts(r
     assert '"' in service["ExecStart"], "the paths with a space are quoted"
     assert service["Restart"] == "always"
     assert service["RestartPreventExitStatus"] == "2"
+
+
+def test_the_gateway_unit_quotes_its_paths_loads_the_guard_first_and_never_holds_the_key():
+    config_dir = "/etc/spark serve"
+    text = (ROLES / "rank" / "templates" / "dsv41-gateway.service.j2").read_text()
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    environment.filters["sparkserve.dsv41.systemd_exec"] = systemd_exec
+    unit = environment.from_string(text).render(
+        ansible_managed="managed",
+        deployment_served_model_name="m",
+        __rank_env_file=f"{STATE}/rank.env",
+        __rank_gateway_binary="/usr/sbin/haproxy",
+        __rank_gateway_config=f"{config_dir}/gateway.cfg",
+        __rank_rendezvous_rules=f"{config_dir}/rendezvous.nft",
+    )
+    lines = [line for line in unit.splitlines() if "=" in line and not line.startswith("#")]
+    pre = [line.split("=", 1)[1] for line in lines if line.startswith("ExecStartPre=")]
+    assert pre == [
+        systemd_exec(["/usr/sbin/nft", "-f", f"{config_dir}/rendezvous.nft"]),
+        systemd_exec(["/usr/sbin/haproxy", "-c", "-q", "-f", f"{config_dir}/gateway.cfg"]),
+    ], "the guard's rules are loaded before HAProxy starts"
+    assert (
+        f"ExecStart={systemd_exec(['/usr/sbin/haproxy', '-Ws', '-f', f'{config_dir}/gateway.cfg'])}" in lines
+    )
+    assert f"EnvironmentFile={STATE}/rank.env" in lines, "the key comes from the root-only env file"
+    assert "RestartPreventExitStatus=1" in lines and "Before=dsv41-supervisor.service" in lines
