@@ -6,10 +6,23 @@ import json
 import re
 import shlex
 import socket
+import ssl
+import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
-from deployment_support import MODEL_DIR, STATE_DIR, api_key, changed_nothing, model_dir, run_playbook, site
+from deployment_support import (
+    MODEL_DIR,
+    STATE_DIR,
+    api_key,
+    changed_nothing,
+    model_dir,
+    run_playbook,
+    site,
+    user_environment,
+)
 from lab_support import FABRIC_ADDRESS, MGMT_ADDRESS, http_status
 from reference_config import reference_vllm_argv, reference_vllm_env
 
@@ -104,6 +117,51 @@ def test_the_engine_listens_on_the_heads_loopback_only_and_metrics_answer_the_na
     assert lab.ssh("worker", f"{probe}http://{head}:8000/metrics").stdout == "200"
     assert lab.ssh("worker", f"{probe}http://{head}:8000/tokenize").stdout == "401"
     assert http_status(f"http://{MGMT_ADDRESS['head']}:8000/metrics") == 401, "the controller is not named"
+
+
+def test_tls_serves_the_users_certificate_and_nothing_but_health_without_the_key(lab, tmp_path):
+    head = MGMT_ADDRESS["head"]
+    certificate, private_key = tmp_path / "api.crt", tmp_path / "api.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=spark-head",
+         "-addext", f"subjectAltName=IP:{head}", "-keyout", str(private_key), "-out", str(certificate)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls = {"rank_api_tls_certificate_file": str(certificate), "rank_api_tls_key_file": str(private_key)}
+    run, _ = site("--tags", "rank", "-e", json.dumps(tls))
+    try:
+        assert run.returncode == 0, run.stdout[-3000:]
+        secret = private_key.read_text().splitlines()[1]
+        assert secret not in run.stdout + run.stderr, "the private key is never printed"
+        trusted = ssl.create_default_context(cafile=str(certificate))
+        base = f"https://{head}:8000"
+        key = {"Authorization": f"Bearer {api_key(lab)}"}
+        assert https_status(f"{base}/health", trusted) == 200
+        assert https_status(f"{base}/tokenize", trusted) == 401
+        assert https_status(f"{base}/v1/models", trusted, key) == 200
+        assert http_status(f"http://{head}:8000/health") == 0, "no plain HTTP beside TLS"
+        pem = lab.ssh("head", "sudo stat -c '%a %U' /etc/sparkserve-dsv41/gateway.pem").stdout.strip()
+        assert pem == "600 root"
+        # The clients follow (https://: plain HTTP is refused above), trusting the certificate as
+        # the controller's Python does.
+        trust = user_environment(SSL_CERT_FILE=str(certificate))
+        smoke, _ = run_playbook("playbooks/smoke.yml", "-e", json.dumps(tls), env=trust)
+        assert smoke.returncode == 0, smoke.stdout[-3000:]
+    finally:
+        back, _ = site("--tags", "rank")
+    assert back.returncode == 0, back.stdout[-3000:]
+    assert http_status(f"http://{head}:8000/health") == 200
+
+
+def https_status(url: str, context: ssl.SSLContext, headers: dict[str, str] | None = None) -> int:
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=10) as reply:
+            return reply.status
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
 def test_only_the_fabric_reaches_the_rendezvous_which_listens_on_every_interface(lab):
