@@ -142,7 +142,11 @@ def _start_rank(lab, node: str, rank: int, api_key: str) -> None:
         "umask 077; read -r key; printf 'VLLM_API_KEY=%s\\n' \"$key\" > ~/.dsv41-test/env",
         input_text=api_key,
     )
-    argv = " ".join(shlex.quote(a) for a in reference_vllm_argv(rank, 2, FABRIC_ADDRESS["head"]))
+    # The reference's command line verbatim (its API on every interface, no gateway in front).
+    reference = reference_vllm_argv(
+        rank, 2, FABRIC_ADDRESS["head"], host="0.0.0.0", port=8000, media_domains=()
+    )
+    argv = " ".join(shlex.quote(a) for a in reference)
     lab.ssh(
         node,
         f"docker rm -f dsv41-r{rank} >/dev/null 2>&1; docker run -d --name dsv41-r{rank} "

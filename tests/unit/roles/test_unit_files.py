@@ -92,4 +92,4 @@ def test_the_gateway_unit_quotes_its_paths_loads_the_guard_first_and_never_holds
         f"ExecStart={systemd_exec(['/usr/sbin/haproxy', '-Ws', '-f', f'{config_dir}/gateway.cfg'])}" in lines
     )
     assert f"EnvironmentFile={STATE}/rank.env" in lines, "the key comes from the root-only env file"
-    assert "RestartPreventExitStatus=1" in lines and "Before=dsv41-supervisor.service" in lines
+    assert "Before=dsv41-supervisor.service" in lines
