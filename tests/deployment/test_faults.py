@@ -137,10 +137,12 @@ def key(supervised) -> str:
     return api_key(supervised)
 
 
-def requests_running() -> float:
-    """vllm:num_requests_running from the API's /metrics (0 when it does not answer)."""
+def requests_running(key: str) -> float:
+    """vllm:num_requests_running from the API's /metrics, which needs the key (0 when it does not
+    answer)."""
+    request = urllib.request.Request(METRICS_URL, headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(METRICS_URL, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError):
         return 0
@@ -208,7 +210,7 @@ def inject(lab, key: str, fault: str) -> threading.Event | None:
     else:
         traffic = threading.Event()
         threading.Thread(target=_stream_until, args=(key, traffic), daemon=True).start()
-        assert wait_for(lambda: requests_running() >= 1, timeout=30, interval=0.2), "a request runs"
+        assert wait_for(lambda: requests_running(key) >= 1, timeout=30, interval=0.2), "a request runs"
         lab.ssh("head", f"echo hang > {STATE_DIR}/cache/standin-faults")
         return traffic
     return None
