@@ -15,6 +15,8 @@ Internal to sparkserve.dsv41; not a public API.
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -185,3 +187,74 @@ def unit_as_asked(state: dict[str, str], enabled: bool) -> bool:
     if enabled:
         return state["unit_file_state"] == "enabled" and state["active_state"] == "active"
     return state["unit_file_state"] == "disabled" and state["active_state"] in ("inactive", "failed")
+
+
+# --- the host stack: what the kernel, the driver and the NIC run (preflight and the records) ----
+
+# The items a known-bad entry may name; each is read from the node (read_host_stack).
+HOST_STACK_ITEMS = ("kernel", "driver", "nic_firmware")
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` as ``{name: kB}`` (the lines without a number are left out)."""
+    values = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            values[name.strip()] = int(fields[0])
+    return values
+
+
+def nvidia_driver_version(text: str | None) -> str | None:
+    """The version in ``/proc/driver/nvidia/version`` ("NVRM version: ... Kernel Module for
+    aarch64  580.95.05  Release Build ..."), else None (no NVIDIA driver loaded)."""
+    if not text:
+        return None
+    match = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s", text.splitlines()[0] + " ")
+    return match.group(1) if match else None
+
+
+def read_host_stack(proc_root: str, sysfs_root: str, read: Callable[[str], str | None]) -> dict[str, Any]:
+    """Kernel release, memory figures, NVIDIA driver and each RDMA device's firmware, as read
+    through ``read`` (a path -> text or None function, so that tests feed fixtures)."""
+    meminfo = parse_meminfo(read(os.path.join(proc_root, "meminfo")) or "")
+    infiniband = os.path.join(sysfs_root, "class", "infiniband")
+    try:
+        devices = sorted(os.listdir(infiniband))
+    except OSError:
+        devices = []
+    firmware = {
+        device: (read(os.path.join(infiniband, device, "fw_ver")) or "").strip() or None for device in devices
+    }
+    return {
+        "kernel": (read(os.path.join(proc_root, "sys", "kernel", "osrelease")) or "").strip() or None,
+        "driver": nvidia_driver_version(read(os.path.join(proc_root, "driver", "nvidia", "version"))),
+        "nic_firmware": firmware,
+        "mem_total_kb": meminfo.get("MemTotal"),
+        "mem_available_kb": meminfo.get("MemAvailable"),
+        "cma_total_kb": meminfo.get("CmaTotal"),
+        "cma_free_kb": meminfo.get("CmaFree"),
+    }
+
+
+def host_stack_problems(stack: dict[str, Any], known_bad: list[dict[str, str]]) -> list[str]:
+    """What stops a deployment on this host: a known-bad version, or CMA pages the kernel hands
+    out without a CMA area (``CmaTotal: 0`` with ``CmaFree`` above 0: memory registration then fails
+    under GPU memory pressure, seen with kexec handover on kernel 7.0.0-1019-nvidia)."""
+    problems = []
+    for entry in known_bad:
+        item, version = entry["item"], entry["version"]
+        found = stack.get(item)
+        versions = list(found.values()) if isinstance(found, dict) else [found]
+        if version in versions:
+            why = f": {entry['why']}" if entry.get("why") else ""
+            problems.append(f"{item} {version} is known to be bad{why} (preflight_known_bad_versions)")
+    total, free = stack.get("cma_total_kb"), stack.get("cma_free_kb")
+    if total == 0 and (free or 0) > 0:
+        problems.append(
+            f"/proc/meminfo shows CmaTotal 0 kB with CmaFree {free} kB: the kernel hands out pages that no "
+            "CMA area owns and RDMA memory registration fails under GPU memory pressure (ibv_reg_mr ENOMEM); "
+            "boot with kho=off or a kernel without kexec handover enabled by default"
+        )
+    return problems

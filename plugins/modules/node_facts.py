@@ -94,6 +94,39 @@ options:
         description: The peers' addresses by name (their inventory names), pinged in this order.
         type: dict
         required: true
+  host_stack:
+    description:
+      - Read the host stack (kernel release, NVIDIA driver, each RDMA device's firmware, the memory
+        figures of C(/proc/meminfo)) into RV(host_stack), with the problems that stop a deployment.
+    type: dict
+    suboptions:
+      proc_root:
+        description: Where C(/proc) is read (a fixture in tests).
+        type: path
+        default: /proc
+      sysfs_root:
+        description: Where C(/sys) is read (the RDMA devices' C(fw_ver)).
+        type: path
+        default: /sys
+      known_bad:
+        description: Versions that stop a deployment, each with why.
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          item:
+            description: What the version is of.
+            type: str
+            required: true
+            choices: [kernel, driver, nic_firmware]
+          version:
+            description: The exact version string, as RV(host_stack) shows it.
+            type: str
+            required: true
+          why:
+            description: What goes wrong with it, for the message.
+            type: str
+            default: ""
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -148,6 +181,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+host_stack:
+  description:
+    - With O(host_stack), the host stack (C(kernel), C(driver), C(nic_firmware) by RDMA device,
+      C(mem_total_kb), C(mem_available_kb), C(cma_total_kb), C(cma_free_kb); null where unknown) and
+      C(problems), what stops a deployment on this host.
+  returned: when O(host_stack) is given
+  type: dict
+  sample: {"kernel": "6.17.0-1014-nvidia", "driver": "580.95.05",
+           "nic_firmware": {"rocep1s0f1": "28.45.4028"}, "mem_total_kb": 125000000,
+           "mem_available_kb": 118000000, "cma_total_kb": 0, "cma_free_kb": 0, "problems": []}
 ansible_facts:
   description: The user running the module, as M(ansible.builtin.setup) names it.
   returned: always
@@ -260,7 +303,9 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     CONTAINER_FORMAT,
     DISTRIBUTIONS_SCRIPT,
     DOCKER_INFO_FORMAT,
+    HOST_STACK_ITEMS,
     distribution_versions,
+    host_stack_problems,
     missing_commands,
     missing_python_modules,
     parse_container_states,
@@ -268,6 +313,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import (
     ping_argv,
     ping_failure,
     present_images,
+    read_host_stack,
     user_facts,
 )
 
@@ -302,6 +348,14 @@ def unanswered_pings(module: AnsibleModule, pings: dict | None) -> list[dict]:
     return unanswered
 
 
+def _read_or_none(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -323,6 +377,23 @@ def main() -> None:
                     "interface": {"type": "str", "required": True},
                     "mtu": {"type": "int", "required": True},
                     "peers": {"type": "dict", "required": True},
+                },
+            },
+            "host_stack": {
+                "type": "dict",
+                "options": {
+                    "proc_root": {"type": "path", "default": "/proc"},
+                    "sysfs_root": {"type": "path", "default": "/sys"},
+                    "known_bad": {
+                        "type": "list",
+                        "elements": "dict",
+                        "default": [],
+                        "options": {
+                            "item": {"type": "str", "required": True, "choices": list(HOST_STACK_ITEMS)},
+                            "version": {"type": "str", "required": True},
+                            "why": {"type": "str", "default": ""},
+                        },
+                    },
                 },
             },
         },
@@ -357,6 +428,10 @@ def main() -> None:
         )
     result["containers"] = parse_container_states(params["containers"], inspected)
     result["unanswered_pings"] = unanswered_pings(module, params["pings"])
+    if params["host_stack"]:
+        wanted = params["host_stack"]
+        stack = read_host_stack(wanted["proc_root"], wanted["sysfs_root"], _read_or_none)
+        result["host_stack"] = {**stack, "problems": host_stack_problems(stack, wanted["known_bad"])}
     if params["docker"]:
         if docker_bin:
             docker = parse_docker_info(

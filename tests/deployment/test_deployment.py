@@ -528,6 +528,8 @@ def test_an_mtu_that_differs_between_the_nodes_fails_preflight_on_the_node_whose
         f"no unfragmented ping over the fabric to worker ({FABRIC_ADDRESS['worker']}): 1 packets transmitted"
     )
     assert lost in " ".join(run.stdout.split()), run.stdout[-3000:]
+    differs = "the fabric MTU differs between the nodes: head enp1s0f1np1 9000, worker enp1s0f1np1 1500"
+    assert differs in " ".join(run.stdout.split()), run.stdout[-3000:]
     assert "fatal: [worker]" not in run.stdout, "the worker's ping to the head gets its answer"
     assert "TASK [sparkserve.dsv41.memguard" not in run.stdout, "nothing after preflight ran"
 
