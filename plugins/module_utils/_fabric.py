@@ -476,6 +476,40 @@ def select_fabric(
     return fabric, warnings
 
 
+# A Spark's QSFP port is two PCIe halves, one RDMA device each: rocep1s0f1 and roceP2p1s0f1 (the
+# same bus/slot/function, PCI domain 0 and 2). The key leaves the domain out.
+_PORT_HALF = re.compile(r"^roce(?:P\d+)?(p\d+s\d+f\d+)$")
+
+
+def port_half_problems(
+    devices: list[dict[str, Any]], fabric: dict[str, Any], *, hcas_given: bool
+) -> list[str]:
+    """The other half of the fabric's port that does not carry NCCL's traffic: DOWN, or (discovered)
+    left out of the HCAs. Either way collectives get about half of the port's bandwidth. A user's
+    own fabric_hcas is a choice: a half it leaves out is not a problem (select_fabric warns)."""
+    chosen = (
+        next(device for device in devices if device["name"] == fabric["hcas"][0]) if fabric["hcas"] else None
+    )
+    match = _PORT_HALF.match(chosen["name"]) if chosen else None
+    if not match:
+        return []
+    problems = []
+    for device in devices:
+        other = _PORT_HALF.match(device["name"])
+        if device is chosen or not other or other.group(1) != match.group(1):
+            continue
+        if device["state"] != ACTIVE:
+            problems.append(
+                f"{device['name']}, the other half of {chosen['name']}'s port, is {device['state']}: NCCL "
+                "gets about half of the port's bandwidth (check the cable and the NIC's PCIe link)"
+            )
+        elif device["name"] not in fabric["hcas"] and not hcas_given:
+            problems.append(
+                f"{device['name']}, the other half of {chosen['name']}'s port, is not in the HCAs"
+            )
+    return problems
+
+
 def discover_fabric(
     sysfs_root: str,
     ip_addr_json: str,
@@ -485,7 +519,7 @@ def discover_fabric(
     hcas: list[str] | None = None,
     port: int = SPARK_PORT,
 ) -> dict[str, Any]:
-    """What ``fabric_info`` returns: fabric, rdma_devices, non_rdma_interfaces, warnings.
+    """What ``fabric_info`` returns: fabric, problems, rdma_devices, non_rdma_interfaces, warnings.
 
     Raises FabricError with ``details`` holding what was seen.
     """
@@ -498,6 +532,7 @@ def discover_fabric(
     )
     return {
         "fabric": fabric,
+        "problems": port_half_problems(devices, fabric, hcas_given=bool(hcas)),
         "rdma_devices": devices,
         "non_rdma_interfaces": non_rdma_interfaces(devices, interfaces),
         "warnings": warnings,

@@ -199,7 +199,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
     """``/proc/meminfo`` as ``{name: kB}`` (the lines without a number are left out)."""
     values = {}
     for line in text.splitlines():
-        name, _, rest = line.partition(":")
+        name, _colon, rest = line.partition(":")
         fields = rest.split()
         if fields and fields[0].isdigit():
             values[name.strip()] = int(fields[0])

@@ -56,6 +56,8 @@ options:
     description: How far, in percent, below the last good result a passing figure is a warning.
     type: float
     default: 20.0
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

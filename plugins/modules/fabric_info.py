@@ -114,6 +114,16 @@ changed:
   returned: always
   type: bool
   sample: false
+problems:
+  description:
+    - What makes the fabric slower than its port allows and stops preflight, in words - the other
+      PCIe half of the chosen device's QSFP port DOWN, or (discovered, not set by O(hcas)) left out
+      of the HCAs.
+  returned: success
+  type: list
+  elements: str
+  sample:
+    - "roceP2p1s0f1, the other half of rocep1s0f1's port, is DOWN: NCCL gets about half of the bandwidth"
 fabric:
   description:
     - The selected fabric, compact enough to store as a fact and template into the rank

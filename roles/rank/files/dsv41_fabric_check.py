@@ -86,7 +86,7 @@ def bytes_needed(max_bytes: int, world_size: int) -> int:
 def mem_available(meminfo: str) -> int | None:
     """MemAvailable in bytes from /proc/meminfo's text (None if absent)."""
     for line in meminfo.splitlines():
-        name, _, value = line.partition(":")
+        name, _colon, value = line.partition(":")
         if name == "MemAvailable":
             return int(value.split()[0]) * 1024
     return None
@@ -227,12 +227,12 @@ def time_collective(args: argparse.Namespace, device: Any, *, collective: str, s
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    for _ in range(args.warmup):
+    for _warmup in range(args.warmup):
         operation()
     synchronize()
     dist.barrier()
     started = time.perf_counter()
-    for _ in range(args.iters):
+    for _timed in range(args.iters):
         operation()
     synchronize()
     slowest = torch.tensor([(time.perf_counter() - started) / args.iters], dtype=torch.float64, device=device)

@@ -252,6 +252,28 @@ def test_active_port_without_ipv4_is_skipped_but_kept_as_hca(tmp_path):
     assert fabric["hcas"] == ["rocep1s0f1", "rocep1s0f0"]
 
 
+@pytest.mark.parametrize(
+    ("active", "hcas", "problems"),
+    [
+        (CABLED_PORT, None, []),
+        (
+            ("rocep1s0f1",),
+            None,
+            ["roceP2p1s0f1, the other half of rocep1s0f1's port, is DOWN: NCCL gets about half"],
+        ),
+        # The user's own HCA list is a choice: select_fabric warns about it, preflight does not stop.
+        (CABLED_PORT, ["rocep1s0f1"], []),
+        (("rocep1s0f1",), ["rocep1s0f1"], ["roceP2p1s0f1, the other half of rocep1s0f1's port, is DOWN"]),
+    ],
+)
+def test_the_other_half_of_the_cabled_port_must_carry_traffic(tmp_path, active, hcas, problems):
+    text = ip_json("ip_addr_head.json")
+    result = discover(build_spark(tmp_path, text, active=active), text, hcas=hcas)
+    assert len(result["problems"]) == len(problems)
+    for got, expected in zip(result["problems"], problems, strict=True):
+        assert got.startswith(expected)
+
+
 def test_mtu_comes_from_sysfs(tmp_path):
     text = ip_json("ip_addr_head.json")
     assert discover(build_spark(tmp_path, text, mtu=1500), text)["fabric"]["mtu"] == 1500

@@ -76,7 +76,35 @@ def test_the_user_is_returned_as_facts_and_nothing_else_is_asked(run_module, doc
     assert "docker" not in result
     assert docker_cli["ran"] == []
     assert snapshot(tmp_path) == before
-    assert set(yaml.safe_load(node_facts.RETURN)) - {"docker"} == set(result) - {"changed", "invocation"}
+    assert set(yaml.safe_load(node_facts.RETURN)) - {"docker", "host_stack"} == set(result) - {
+        "changed",
+        "invocation",
+    }
+
+
+def test_the_host_stack_is_read_from_the_roots_given_with_its_problems(run_module, tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "sys" / "kernel").mkdir(parents=True)
+    (proc / "sys" / "kernel" / "osrelease").write_text("7.0.0-1019-nvidia\n")
+    (proc / "meminfo").write_text("MemAvailable:   92000000 kB\nCmaTotal:  0 kB\nCmaFree:  940604 kB\n")
+    known_bad = [{"item": "kernel", "version": "7.0.0-1019-nvidia", "why": "kexec handover"}]
+    args = {
+        "host_stack": {"proc_root": str(proc), "sysfs_root": str(tmp_path / "sys"), "known_bad": known_bad}
+    }
+    before = snapshot(tmp_path)
+    stack = run_module(node_facts, args, check_mode=True)["host_stack"]
+    assert snapshot(tmp_path) == before
+    assert (stack["kernel"], stack["driver"], stack["nic_firmware"], stack["cma_free_kb"]) == (
+        "7.0.0-1019-nvidia",
+        None,
+        {},
+        940604,
+    )
+    assert (
+        stack["problems"][0]
+        == "kernel 7.0.0-1019-nvidia is known to be bad: kexec handover (preflight_known_bad_versions)"
+    )
+    assert "CmaTotal 0 kB with CmaFree 940604 kB" in stack["problems"][1]
 
 
 def test_missing_commands_and_python_modules_are_named(run_module, docker_cli):
