@@ -68,14 +68,22 @@ def test_a_cma_fixture_and_a_known_bad_kernel_stop_preflight_naming_them(lab):
     kernel = lab.ssh("worker", "cat /proc/sys/kernel/osrelease").stdout.strip()
     fixture = "/tmp/dsv41-proc-fixture"
     for node in ("head", "worker"):
-        lab.ssh(node, f"mkdir -p {fixture}/sys/kernel && cp /proc/sys/kernel/osrelease {fixture}/sys/kernel/")
+        kernel_dir = f"{fixture}/sys/kernel"
+        lab.ssh(
+            node,
+            f"rm -rf {fixture} && mkdir -p {kernel_dir} && cat /proc/sys/kernel/osrelease > {kernel_dir}/osrelease",
+        )
     # The signature reported on Sparks: no CMA area, yet CMA pages free.
     lab.ssh(
         "worker",
         f"(grep -v ^Cma /proc/meminfo; printf 'CmaTotal: 0 kB\\nCmaFree: 940604 kB\\n') > {fixture}/meminfo",
     )
-    lab.ssh("head", f"cp /proc/meminfo {fixture}/meminfo")
-    cma = playbook("site.yml", "--tags", "preflight", "-e", f"preflight_proc_root={fixture}")
+    lab.ssh("head", f"cat /proc/meminfo > {fixture}/meminfo")
+    try:
+        cma = playbook("site.yml", "--tags", "preflight", "-e", f"preflight_proc_root={fixture}")
+    finally:
+        for node in ("head", "worker"):
+            lab.ssh(node, f"rm -rf {fixture}")
     assert cma.returncode != 0
     assert "fatal: [head]" not in cma.stdout, "the head's meminfo is the real one"
     assert "/proc/meminfo shows CmaTotal 0 kB with CmaFree 940604 kB" in " ".join(cma.stdout.split())
