@@ -397,6 +397,31 @@ def _clients(check: _Checker, document: Mapping[str, Any], settings: Mapping[str
     }
 
 
+def _kv_cache(check: _Checker, memory: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The KV cache per rank for the fit check: bytes or GiB, a number or one setting in braces."""
+    given = [key for key in ("kv_cache_bytes", "kv_cache_gib") if memory.get(key) is not None]
+    if len(given) > 1:
+        check.fail("memory", "kv_cache_bytes and kv_cache_gib are alternatives: give one")
+    kv = {"kv_cache_bytes": None, "kv_cache_gib": None}
+    for key in given:
+        value = memory[key]
+        if isinstance(value, str):
+            names = template_names(value)
+            if value != "{" + next(iter(names), "") + "}" or not names <= set(settings):
+                check.fail(
+                    f"memory.{key}",
+                    f'must be a number or one setting in braces ("{{kv_cache_memory_bytes}}"), got {value!r}',
+                )
+                continue
+            kv[key] = value
+        else:
+            kv[key] = check.number(memory, f"memory.{key}")
+    per_token = memory.get("kv_bytes_per_token")
+    if per_token is not None:
+        per_token = check.number(memory, "memory.kv_bytes_per_token")
+    return {**kv, "kv_bytes_per_token": per_token}
+
+
 def validate(document: Any, source: str = "recipe") -> dict[str, Any]:
     """``document`` as a complete recipe (optional fields filled in); :class:`RecipeError` otherwise."""
     if not isinstance(document, Mapping):
@@ -422,7 +447,17 @@ def validate(document: Any, source: str = "recipe") -> dict[str, Any]:
     if image is not None and not _DIGEST.search(image):
         check.fail("image", f"must be pinned by digest (<repository>@sha256:<64 hex>), got {image!r}")
     memory = check.mapping(document, "memory")
-    check.unknown(memory, "memory", ("weights_gib_per_rank", "runtime_gib_per_rank"))
+    check.unknown(
+        memory,
+        "memory",
+        (
+            "weights_gib_per_rank",
+            "runtime_gib_per_rank",
+            "kv_cache_bytes",
+            "kv_cache_gib",
+            "kv_bytes_per_token",
+        ),
+    )
     settings = _settings(check, document)
     recipe = {
         "recipe_version": version,
@@ -435,6 +470,7 @@ def validate(document: Any, source: str = "recipe") -> dict[str, Any]:
         "memory": {
             "weights_gib_per_rank": check.number(memory, "memory.weights_gib_per_rank"),
             "runtime_gib_per_rank": check.number(memory, "memory.runtime_gib_per_rank", default=0),
+            **_kv_cache(check, memory, settings),
         },
         "settings": dict(settings),
         "serve": _serve(check, document, set(settings) | set(RUN_FACTS)),

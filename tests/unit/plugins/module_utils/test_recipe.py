@@ -138,6 +138,22 @@ def test_optional_fields_are_filled_in():
             {"memory": {"weights_gib_per_rank": -1}},
             "memory.weights_gib_per_rank: must be a number of 0 or more",
         ),
+        (
+            {"memory": {"weights_gib_per_rank": 1, "kv_cache_bytes": 1, "kv_cache_gib": 1}},
+            "memory: kv_cache_bytes and kv_cache_gib are alternatives",
+        ),
+        (
+            {"memory": {"weights_gib_per_rank": 1, "kv_cache_bytes": "{nope}"}},
+            "memory.kv_cache_bytes: must be a number or one setting in braces",
+        ),
+        (
+            {"memory": {"weights_gib_per_rank": 1, "kv_cache_gib": "{max_model_len} GiB"}},
+            "memory.kv_cache_gib: must be a number or one setting in braces",
+        ),
+        (
+            {"memory": {"weights_gib_per_rank": 1, "kv_bytes_per_token": -2}},
+            "memory.kv_bytes_per_token: must be",
+        ),
         ({"settings": {"nnodes": 4, "max_model_len": 512}}, "settings.nnodes: is a fact of the run"),
         ({"settings": {"Max": 1, "max_model_len": 512}}, "settings.Max: a setting's name"),
         ({"serve": {"head_args": []}}, "serve.args: is required"),
