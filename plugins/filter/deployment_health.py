@@ -73,6 +73,12 @@ _value:
     deployments:
       description: The deployment record given, or null.
       type: dict
+    host_stack_changes:
+      description:
+        - What differs between the nodes' kernel, driver and NIC firmware, and what changed on each
+          node since the serving deployment was recorded (from the nodes' C(host_stack)).
+      type: list
+      elements: str
     table:
       description: The nodes, the API, the record and the supervisor as lines, ending with the verdict.
       type: str

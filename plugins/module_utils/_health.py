@@ -150,7 +150,44 @@ def deployment_health(
         "supervisor": supervisor,
         "memguard_kills": [{"node": name, "time": when} for name, when in kills],
         "deployments": deployments,
+        "host_stack_changes": host_stack_changes(nodes, deployments),
     }
+
+
+HOST_STACK_ITEMS = ("kernel", "driver", "nic_firmware")
+
+
+def _stack_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{device} {version}" for device, version in sorted(value.items())) or "none"
+    return str(value) if value is not None else "none"
+
+
+def host_stack_changes(nodes: list[dict[str, Any]], deployments: dict[str, Any] | None) -> list[str]:
+    """What differs between the nodes' kernel, driver and NIC firmware, and what changed on each
+    node since the deployment that serves was recorded (shown, not judged: preflight stops on
+    known-bad versions)."""
+    stacks = {node["name"]: node["host_stack"] for node in nodes if isinstance(node.get("host_stack"), dict)}
+    lines = []
+    for item in HOST_STACK_ITEMS:
+        seen = {name: _stack_text(stack.get(item)) for name, stack in stacks.items()}
+        if len(set(seen.values())) > 1:
+            lines.append(
+                f"{item} differs between nodes: " + "; ".join(f"{name} {text}" for name, text in seen.items())
+            )
+    current = (deployments or {}).get("current") or {}
+    recorded = current.get("host_stack") or {}
+    for name, stack in stacks.items():
+        then = recorded.get(name)
+        if not isinstance(then, dict):
+            continue
+        for item in HOST_STACK_ITEMS:
+            if item in then and _stack_text(then[item]) != _stack_text(stack.get(item)):
+                lines.append(
+                    f"{name}: {item} {_stack_text(then[item])} -> {_stack_text(stack.get(item))} since the "
+                    f"deployment of {_when(current.get('time'))}"
+                )
+    return lines
 
 
 def _rank_cell(status: dict[str, Any]) -> str:
@@ -199,6 +236,7 @@ def health_table(report: dict[str, Any]) -> str:
         lines.append(f"previous: {describe(deployments.get('previous'))}")
         if deployments.get("last_failed"):
             lines.append(f"last failed switch: {describe(deployments['last_failed'])}")
+    lines += [f"host stack: {change}" for change in report.get("host_stack_changes", [])]
     supervisor = report["supervisor"]
     if isinstance(supervisor, dict):
         last = supervisor.get("last_action") or {}

@@ -223,9 +223,11 @@ def committed(
     smoke: str,
     downtime_seconds: float | None,
     now: float,
+    host_stack: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The record once ``target`` (``{image, revision, recipe}``) serves and passed its smoke checks.
-    Committing what is current already changes nothing (a re-run)."""
+    """The record once ``target`` (``{image, revision, recipe}``) serves and passed its smoke checks,
+    with each node's host stack (kernel, driver, NIC firmware) when given: what status.yml compares
+    the nodes with later. Committing what is current already changes nothing (a re-run)."""
     current = record["current"]
     if stranded(record) is not None:  # the ranks run what passed now, not what the failure left
         record = {
@@ -242,6 +244,8 @@ def committed(
         "smoke": smoke,
         "downtime_seconds": downtime_seconds,
     }
+    if host_stack:
+        entry["host_stack"] = host_stack
     return {**record, "current": entry, "previous": current if current is not None else record["previous"]}
 
 

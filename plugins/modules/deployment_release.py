@@ -87,6 +87,12 @@ options:
         the smoke checks; the mark goes once a deployment passes them.
     type: bool
     default: false
+  host_stack:
+    description:
+      - With O(state=committed) - each node's host stack by inventory name (C(kernel), C(driver),
+        C(nic_firmware)), kept with the deployment that serves now; M(sparkserve.dsv41.node_facts)
+        reads it. C(status.yml) shows what changed since.
+    type: dict
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -202,6 +208,7 @@ def main() -> None:
             "downtime_seconds": {"type": "float"},
             "reason": {"type": "str"},
             "left_serving": {"type": "bool", "default": False},
+            "host_stack": {"type": "dict"},
         },
         required_if=[("state", "committed", ["smoke"]), ("state", "failed", ["reason"])],
         supports_check_mode=True,
@@ -224,7 +231,12 @@ def main() -> None:
         now = time.time()
         if params["state"] == "committed":
             after = committed(
-                record, target, smoke=params["smoke"], downtime_seconds=params["downtime_seconds"], now=now
+                record,
+                target,
+                smoke=params["smoke"],
+                downtime_seconds=params["downtime_seconds"],
+                now=now,
+                host_stack=params["host_stack"],
             )
             msg = f"serving {describe(after['current'])}; previous: {describe(after['previous'])}"
         else:

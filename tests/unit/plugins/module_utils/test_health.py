@@ -228,3 +228,47 @@ def test_the_table_names_the_recipe_each_recorded_deployment_served():
     lines = health_table(verdict(deployments=record)).splitlines()
     assert "deployment: registry/engine@sha256:cccccccccccc, recipe tiny-chat, since" in lines[-4]
     assert lines[-3].startswith("previous: r@sha256:dddddddddddd, since")
+
+
+# --- the host stack: between the nodes, and since the deployment was recorded -----------------
+
+STACK = {"kernel": "6.17.0-1014-nvidia", "driver": "580.95.05", "nic_firmware": {"rocep1s0f1": "28.45.4028"}}
+
+
+def _with_stacks(head: dict, worker: dict) -> list[dict]:
+    return [{**HEALTHY_NODES[0], "host_stack": head}, {**HEALTHY_NODES[1], "host_stack": worker}]
+
+
+def test_the_same_host_stack_everywhere_and_since_the_deployment_shows_nothing():
+    record = {"current": {"image": "i", "time": NOW - 3600, "host_stack": {"head": STACK, "worker": STACK}}}
+    report = verdict(_with_stacks(STACK, STACK), deployments=record)
+    assert report["host_stack_changes"] == [] and report["healthy"]
+    assert "host stack" not in health_table(report)
+
+
+def test_a_kernel_updated_on_one_node_shows_between_nodes_and_since_the_deployment():
+    updated = {**STACK, "kernel": "7.0.0-1019-nvidia"}
+    record = {"current": {"image": "i", "time": NOW - 3600, "host_stack": {"head": STACK, "worker": STACK}}}
+    report = verdict(_with_stacks(STACK, updated), deployments=record)
+    assert report["host_stack_changes"] == [
+        "kernel differs between nodes: head 6.17.0-1014-nvidia; worker 7.0.0-1019-nvidia",
+        "worker: kernel 6.17.0-1014-nvidia -> 7.0.0-1019-nvidia since the deployment of "
+        + _when_text(NOW - 3600),
+    ]
+    # Shown, not judged: preflight stops on known-bad versions.
+    assert report["healthy"]
+    assert "host stack: kernel differs between nodes" in health_table(report)
+
+
+def test_firmware_is_compared_device_by_device_and_an_old_record_without_stacks_compares_nothing():
+    newer = {**STACK, "nic_firmware": {"rocep1s0f1": "28.45.5000"}}
+    report = verdict(_with_stacks(STACK, newer), deployments={"current": {"image": "i", "time": NOW}})
+    assert report["host_stack_changes"] == [
+        "nic_firmware differs between nodes: head rocep1s0f1 28.45.4028; worker rocep1s0f1 28.45.5000"
+    ]
+
+
+def _when_text(epoch: float) -> str:
+    from ansible_collections.sparkserve.dsv41.plugins.module_utils._health import _when
+
+    return _when(epoch)

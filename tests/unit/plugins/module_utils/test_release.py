@@ -362,3 +362,15 @@ def test_committing_the_legacy_deployment_under_its_recipe_is_a_rerun():
 )
 def test_a_deployment_in_words_names_its_recipe_when_recorded(entry, words):
     assert rel.describe(entry).startswith(words)
+
+
+def test_a_commit_keeps_each_nodes_host_stack_and_a_rerun_changes_nothing():
+    stack = {"head": {"kernel": "6.17.0-1014-nvidia"}, "worker": {"kernel": "6.17.0-1014-nvidia"}}
+    target = {"image": "registry/engine@sha256:" + "c" * 64, "revision": "", "recipe": "deepseek-v4.1-flash"}
+    empty = rel.parse_record(None, "deployments.json")
+    record = rel.committed(empty, target, smoke="passed", downtime_seconds=None, now=NOW, host_stack=stack)
+    assert record["current"]["host_stack"] == stack
+    again = rel.committed(record, target, smoke="passed", downtime_seconds=None, now=NOW + 60, host_stack={})
+    assert again == record
+    plain = rel.committed(empty, target, smoke="passed", downtime_seconds=None, now=NOW)
+    assert "host_stack" not in plain["current"]
