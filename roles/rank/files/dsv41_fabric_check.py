@@ -191,6 +191,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "world_size": world,
         "iters": args.iters,
         "torch": torch.__version__,
+        # The CUDA torch was built with (None in a CPU build) and the NCCL it loaded.
+        "cuda": torch.version.cuda,
         "nccl": nccl,
         "environment": fabric_environment(dict(os.environ)),
         "results": results,
