@@ -168,7 +168,8 @@ def test_only_the_fabric_reaches_the_rendezvous_which_listens_on_every_interface
     """torch's TCPStore listens on every interface of the head (as the stand-in does, measured on
     vLLM 0.32); the rendezvous guard drops what does not come over the fabric or loopback."""
     assert re.search(r"\s(\*|0\.0\.0\.0):29655\s", lab.ssh("head", "ss -Htln").stdout)
-    assert "tcp dport 29655" in lab.ssh("head", "sudo nft list table inet sparkserve_dsv41").stdout
+    # The ranks' rendezvous and the fabric test's (rank_fabric_check_port) alike.
+    assert "tcp dport { 29655, 29656 }" in lab.ssh("head", "sudo nft list table inet sparkserve_dsv41").stdout
     with pytest.raises(TimeoutError):  # dropped (refused would mean that nothing listened)
         socket.create_connection((MGMT_ADDRESS["head"], 29655), timeout=3).close()
     assert socket.create_connection((MGMT_ADDRESS["head"], 8000), timeout=3), "the API's port is open"

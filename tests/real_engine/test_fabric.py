@@ -92,3 +92,32 @@ def test_a_cma_fixture_and_a_known_bad_kernel_stop_preflight_naming_them(lab):
     assert known.returncode != 0
     assert f"kernel {kernel} is known to be bad: a test (preflight_known_bad_versions)" in known.stdout
     assert "TASK [sparkserve.dsv41.memguard" not in known.stdout, "nothing after preflight ran"
+
+
+def test_the_deployment_record_keeps_each_nodes_host_stack_and_status_shows_what_changed(lab):
+    path = f"{STATE_DIR}/deployments.json"
+    original = lab.ssh("head", f"cat {path}").stdout
+    record = json.loads(original)
+    kernel = lab.ssh("worker", "cat /proc/sys/kernel/osrelease").stdout.strip()
+    stacks = record["current"]["host_stack"]
+    assert set(stacks) == {"head", "worker"} and stacks["worker"]["kernel"] == kernel, stacks
+    # As if the worker had run another kernel when the deployment was recorded.
+    stacks["worker"]["kernel"] = "6.17.0-1014-nvidia"
+    lab.ssh(
+        "head",
+        f"cat > {path}.edit && chmod 600 {path}.edit && mv {path}.edit {path}",
+        input_text=json.dumps(record),
+    )
+    try:
+        run = playbook("status.yml")
+    finally:
+        lab.ssh(
+            "head",
+            f"cat > {path}.edit && chmod 600 {path}.edit && mv {path}.edit {path}",
+            input_text=original,
+        )
+    assert run.returncode == 0, run.stdout[-3000:]
+    text = " ".join(run.stdout.split())
+    assert f"host stack: worker: kernel 6.17.0-1014-nvidia -> {kernel} since the deployment of" in text, (
+        run.stdout[-3000:]
+    )
