@@ -34,9 +34,10 @@ def test_the_first_start_passed_the_fabric_test_and_fabric_check_reports_every_s
     }
     assert by_collective["all_reduce"] == [1 << n for n in range(20, 25)], run.stdout[-3000:]
     assert by_collective["all_gather"] == by_collective["all_reduce"]
-    assert f"The fabric {LINK} passes: " in " ".join(run.stdout.split())
+    # A pass, or a pass with a warning when the bridge was slower than at the last good result.
+    assert f"The fabric {LINK} passes" in " ".join(run.stdout.split())
     after = acceptance_record(lab)
-    assert after["last"]["time"] > before["last"]["time"] and after["last"]["verdict"] == "pass"
+    assert after["last"]["time"] > before["last"]["time"] and after["last"]["verdict"] in ("pass", "warn")
     figure = after["last"]["figure"]
     record("fabric test (gloo, 16 MiB)", figure["busbw_gbps"], "GB/s", None,
            f"{figure['collective']}, bus bandwidth as nccl-tests")  # fmt: skip
