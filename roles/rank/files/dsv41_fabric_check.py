@@ -78,9 +78,9 @@ def sizes_up_to(min_bytes: int, max_bytes: int, world_size: int) -> list[int]:
 
 
 def bytes_needed(max_bytes: int, world_size: int) -> int:
-    """The buffers the largest size takes on one rank: all_reduce's one tensor, all_gather's
-    input (its share) and output, never both collectives at once."""
-    return max(max_bytes, max_bytes + max_bytes // world_size)
+    """The buffers the largest size takes on one rank: all_gather's input (its share) and output,
+    more than all_reduce's one tensor (never both collectives at once)."""
+    return max_bytes + max_bytes // world_size
 
 
 def mem_available(meminfo: str) -> int | None:
