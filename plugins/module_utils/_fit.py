@@ -159,3 +159,33 @@ def _shortfall(result: dict[str, Any]) -> str:
         f"(MemAvailable {gib(result['mem_available'])} with no rank running, less the memory guard's floor "
         f"{gib(result['floor'])}): short by {gib(result['short_by'])}; {advice}"
     )
+
+
+def plan_lines(result: dict[str, Any], *, rank_running: bool) -> list[str]:
+    """The plan for an operator (fit.yml): what the node has, what a rank needs, the largest that fits."""
+    running = (
+        " (this node runs its rank now: its memory counts as taken)" if rank_running else " (no rank running)"
+    )
+    if result["utilization_claim"] is not None:
+        parts = f" (gpu_memory_utilization {result['gpu_memory_utilization']}, claimed by vLLM at start-up)"
+    else:
+        kv = f"{result['kv_cache'] / GIB:.2f}" if result["kv_cache"] is not None else "unknown"
+        weights, runtime = result["weights"] / GIB, result["runtime"] / GIB
+        parts = f" (weights {weights:.1f}, runtime {runtime:.1f}, KV cache {kv} GiB)"
+    verdict = "fits" if result["fits"] else f"short by {result['short_by'] / GIB:.1f} GiB"
+    if result["largest_kv_cache"] is not None:
+        largest = f"KV cache {result['largest_kv_cache'] / GIB:.2f} GiB"
+    else:
+        largest = f"gpu_memory_utilization {result['largest_gpu_memory_utilization']}"
+    context = (
+        f"{result['longest_context']} tokens"
+        if result["longest_context"] is not None
+        else "unknown (the recipe has no memory.kv_bytes_per_token)"
+    )
+    return [
+        f"MemTotal {result['mem_total'] / GIB:.1f} GiB, "
+        f"MemAvailable {result['mem_available'] / GIB:.1f} GiB{running}, "
+        f"the guard's floor {result['floor'] / GIB:.1f} GiB: {result['usable'] / GIB:.1f} GiB usable",
+        f"a rank needs {result['need'] / GIB:.1f} GiB{parts}: {verdict}",
+        f"largest that fits: {largest}, context {context}",
+    ]

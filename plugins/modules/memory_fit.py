@@ -44,6 +44,10 @@ options:
     description: Fail when the rank does not fit (false - only report, as C(fit.yml) does).
     type: bool
     default: true
+  rank_running:
+    description: Whether this node's rank runs now (RV(lines) says that its memory counts as taken).
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -74,6 +78,11 @@ plan:
       C(problems).
   returned: always
   type: dict
+lines:
+  description: The plan in three lines for an operator (what the node has, what a rank needs, what fits).
+  returned: always
+  type: list
+  elements: str
 msg:
   description: The verdict in words.
   returned: always
@@ -81,7 +90,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._fit import FitError, gib, plan
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._fit import FitError, gib, plan, plan_lines
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._node import parse_meminfo
 
 
@@ -93,6 +102,7 @@ def main() -> None:
             "floor_gib": {"type": "float", "default": 1.0},
             "proc_root": {"type": "path", "default": "/proc"},
             "fail_on_shortfall": {"type": "bool", "default": True},
+            "rank_running": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -119,9 +129,10 @@ def main() -> None:
         msg = "; ".join(result["problems"])
     else:
         msg = f"the rank fits: it needs {gib(result['need'])} of {gib(result['usable'])}"
+    lines = plan_lines(result, rank_running=params["rank_running"])
     if result["problems"] and params["fail_on_shortfall"]:
-        module.fail_json(msg=msg, plan=result)
-    module.exit_json(changed=False, plan=result, msg=msg)
+        module.fail_json(msg=msg, plan=result, lines=lines)
+    module.exit_json(changed=False, plan=result, lines=lines, msg=msg)
 
 
 if __name__ == "__main__":

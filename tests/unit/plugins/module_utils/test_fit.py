@@ -90,3 +90,23 @@ def test_a_size_that_is_not_a_number_is_refused(memory, settings, message):
 def test_an_unset_kv_setting_leaves_the_kv_cache_unknown():
     plan = _fit.plan(TINY, {}, mem_total=24 * GIB, mem_available=20 * GIB, floor=GIB)
     assert plan["kv_cache"] is None and plan["need"] == int(0.01 * GIB) + 3 * GIB and plan["fits"]
+
+
+def test_the_plan_in_lines_for_an_operator():
+    plan = _fit.plan(TINY, {"cpu_kv_cache_gib": 1}, mem_total=24 * GIB, mem_available=20 * GIB, floor=GIB)
+    largest = (19 * GIB - int(0.01 * GIB) - 3 * GIB) / GIB
+    assert _fit.plan_lines(plan, rank_running=True) == [
+        "MemTotal 24.0 GiB, MemAvailable 20.0 GiB (this node runs its rank now: its memory counts as taken), "
+        "the guard's floor 1.0 GiB: 19.0 GiB usable",
+        "a rank needs 4.0 GiB (weights 0.0, runtime 3.0, KV cache 1.00 GiB): fits",
+        f"largest that fits: KV cache {largest:.2f} GiB, context {int(largest * GIB) // 512} tokens",
+    ]
+    claimed = _fit.plan(DEEPSEEK, {"kv_cache_memory_bytes": 2700000000, "gpu_memory_utilization": 0.88},
+                        mem_total=SPARK_TOTAL, mem_available=98 * GIB, floor=GIB)  # fmt: skip
+    lines = _fit.plan_lines(claimed, rank_running=False)
+    assert lines[1:] == [
+        "a rank needs 107.1 GiB (gpu_memory_utilization 0.88, claimed by vLLM at start-up): "
+        "short by 10.1 GiB",
+        "largest that fits: gpu_memory_utilization 0.797, "
+        "context unknown (the recipe has no memory.kv_bytes_per_token)",
+    ]
