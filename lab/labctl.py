@@ -53,6 +53,12 @@ FABRIC_MTU = 9000
 REGISTRY_PORT = 5000
 HUB_PORT = 5080
 WHEELS_PORT = 5081
+# The lab's Prometheus (Debian's package), on this machine's loopback: it scrapes the head's API
+# gateway as an owner's Prometheus would, with the API key from PROMETHEUS_KEY_FILE.
+PROMETHEUS_PORT = 9390
+PROMETHEUS_DIR = STATE / "prometheus"
+PROMETHEUS_KEY_FILE = PROMETHEUS_DIR / "api_key"  # the tests write the deployment's key here
+API_PORT = 8000  # the inventories' deployment_api_port
 HUB_REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
 # The real engine's lab serves this tiny model (lab/vllm/make_tiny_model.py), trained when it is built.
 VLLM_MODEL_REPO = "sparkserve-lab/tiny-chat"
@@ -81,7 +87,8 @@ def nodes_for(workers: int) -> list[Node]:
 
 
 NODE_PACKAGES = (
-    "python3,python3-venv,python3-requests,openssh-server,rsync,sudo,iproute2,iputils-ping,curl,procps,"
+    "python3,python3-venv,python3-requests,python3-prometheus-client,"
+    "openssh-server,rsync,sudo,iproute2,iputils-ping,curl,procps,"
     "systemd,systemd-sysv,dbus,docker.io,ca-certificates,less,haproxy,nftables"
 )
 ENGINE_BASE_PACKAGES = "python3"
@@ -147,7 +154,7 @@ def docker_ok(*args: str) -> bool:
 # --- the machine's own Docker engine -------------------------------------------------------
 
 
-def apt_install(*packages: str) -> None:
+def apt_install(*packages: str, recommends: bool = True) -> None:
     missing = [
         p
         for p in packages
@@ -160,7 +167,8 @@ def apt_install(*packages: str) -> None:
     log(f"installing {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], env=env)
-    run(["apt-get", "install", "-y", "-qq", *missing], env=env)
+    extra = [] if recommends else ["--no-install-recommends"]
+    run(["apt-get", "install", "-y", "-qq", *extra, *missing], env=env)
 
 
 # What this machine needs to reach the nodes the way a controller does (SSH), and what the unit
@@ -419,6 +427,59 @@ def start_hub(size_mb: int) -> None:
         ],
         f"http://127.0.0.1:{HUB_PORT}/api/models/{HUB_REPO}",
         headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def prometheus_config(head_address: str, nodes: list[str]) -> dict:
+    """Scrape vLLM's /metrics and the pair's own endpoints through the head's gateway, with the key."""
+    gateway = f"{head_address}:{API_PORT}"
+    authorization = {"type": "Bearer", "credentials_file": str(PROMETHEUS_KEY_FILE)}
+
+    def job(name: str, path: str, targets: list[dict]) -> dict:
+        return {
+            "job_name": name,
+            "metrics_path": path,
+            "authorization": authorization,
+            "static_configs": targets,
+        }
+
+    guards = job(
+        "dsv41-memguard",
+        "/metrics/memguard",
+        [{"targets": [gateway], "labels": {"node": node}} for node in nodes],
+    )
+    # One target per node, all through the gateway: the node's name picks the path.
+    guards["relabel_configs"] = [
+        {"source_labels": ["node"], "target_label": "__metrics_path__", "replacement": "/metrics/memguard/$1"}
+    ]
+    return {
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s"},
+        "scrape_configs": [
+            job("vllm", "/metrics", [{"targets": [gateway]}]),
+            job("dsv41-supervisor", "/metrics/supervisor", [{"targets": [gateway]}]),
+            guards,
+        ],
+    }
+
+
+def start_prometheus(nodes: list[Node]) -> None:
+    apt_install("prometheus", recommends=False)  # not its node exporter
+    PROMETHEUS_DIR.mkdir(parents=True, exist_ok=True)
+    config = PROMETHEUS_DIR / "prometheus.yml"
+    # JSON is YAML; Prometheus reads the key file at every scrape, so it may come later.
+    config.write_text(
+        json.dumps(prometheus_config(nodes[0].address(MGMT[2]), [n.name for n in nodes]), indent=1)
+    )
+    start_process(
+        "prometheus",
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={PROMETHEUS_DIR / 'data'}",
+            "--storage.tsdb.retention.time=1d",
+            f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
+        ],
+        f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready",
     )
 
 
@@ -745,6 +806,7 @@ def up(args: argparse.Namespace) -> None:
         configure_node(node, public_key)
         wait_for_ssh(node, key)
     (STATE / "nodes.json").write_text(json.dumps([n.name for n in nodes]))
+    start_prometheus(nodes)
     log(
         f"up in {time.monotonic() - started:.0f} s: engine image "
         f"198.18.0.1:{REGISTRY_PORT}/{ENGINE_REPO}@{digest}; hub http://{MGMT[2]}:{HUB_PORT}"
@@ -784,10 +846,17 @@ def down(_args: argparse.Namespace) -> None:
             docker("volume", "rm", "--force", volume)
         for network in lab_resources("network"):
             docker("network", "rm", network)
-    for name in ("hub", "registry", "wheels"):
+    for name in ("hub", "registry", "wheels", "prometheus"):
         stop_process(name)
     # Node host keys are new with every node: forget them, and the per-run state with them.
-    for transient in ("ssh/known_hosts", "engine-digest", "vllm-engine-digest", "nodes.json", "registry"):
+    for transient in (
+        "ssh/known_hosts",
+        "engine-digest",
+        "vllm-engine-digest",
+        "nodes.json",
+        "registry",
+        "prometheus",
+    ):
         path = STATE / transient
         if path.is_dir():
             shutil.rmtree(path)
@@ -803,7 +872,7 @@ def status(_args: argparse.Namespace) -> None:
     print(
         docker("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}\t{{.Status}}").stdout, end=""
     )
-    for name in ("registry", "hub", "wheels"):
+    for name in ("registry", "hub", "wheels", "prometheus"):
         print(f"{name}: {'running' if pid_alive(STATE / f'{name}.pid') else 'stopped'}")
 
 

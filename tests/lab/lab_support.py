@@ -26,6 +26,8 @@ HUB_REPO = labctl.HUB_REPO
 WHEELS_HOST = labctl.MGMT[2]
 WHEELS_URL = f"http://{WHEELS_HOST}:{labctl.WHEELS_PORT}/"
 http_status = labctl.http_status
+PROMETHEUS_URL = f"http://127.0.0.1:{labctl.PROMETHEUS_PORT}"
+PROMETHEUS_KEY_FILE = labctl.PROMETHEUS_KEY_FILE
 
 
 def labctl_run(*args: str) -> subprocess.CompletedProcess:

@@ -7,6 +7,7 @@ re-run the playbooks as a user would, here with the recipe tiny-chat beside that
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deployment"))
 from deployment_support import api_key
-from lab_support import REGISTRY, REPO, STATE, Lab
+from lab_support import PROMETHEUS_KEY_FILE, REGISTRY, REPO, STATE, Lab, wait_for
 
 INVENTORY = str(REPO / "inventory" / "lab-vllm" / "hosts.yml")
 
@@ -34,3 +35,26 @@ def lab() -> Lab:
 def key(lab) -> str:
     """The API key site.yml generated on the head."""
     return api_key(lab)
+
+
+@pytest.fixture(scope="session")
+def scraped(key) -> None:
+    """The lab's Prometheus given the key (as an owner's would be) and reaching every endpoint:
+    vLLM's, the supervisor's and each node's memory guard, all through the head's gateway."""
+    from real_engine_support import prometheus  # here: that module imports this one
+
+    descriptor = os.open(PROMETHEUS_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as key_file:
+        key_file.write(key + "\n")
+    expected = {
+        ("vllm", ""),
+        ("dsv41-supervisor", ""),
+        ("dsv41-memguard", "head"),
+        ("dsv41-memguard", "worker"),
+    }
+
+    def every_target_up() -> bool:
+        up = {(s["metric"]["job"], s["metric"].get("node", "")) for s in prometheus("up == 1")}
+        return expected <= up
+
+    assert wait_for(every_target_up, timeout=60, interval=2), prometheus("up")

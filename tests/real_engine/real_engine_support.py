@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from conftest import INVENTORY
 from deployment_support import PlaybookRun, run_playbook
-from lab_support import MGMT_ADDRESS, STATE
+from lab_support import MGMT_ADDRESS, PROMETHEUS_URL, STATE
 
 MODEL = "tiny-chat"
 API = f"http://{MGMT_ADDRESS['head']}:8000"
@@ -68,6 +69,20 @@ def record(case: str, measured: float, unit: str, bound: float | None, detail: s
         "at": time.time(),
     }
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def prometheus(expr: str) -> list[dict]:
+    """The lab's Prometheus (lab/labctl.py), asked for ``expr`` now: its vector's samples."""
+    query = urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(f"{PROMETHEUS_URL}/api/v1/query?{query}", timeout=10) as response:
+        answer = json.loads(response.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def restarts_by_cause() -> dict[str, float]:
+    """The supervisor's restarts so far, by cause, as Prometheus last scraped them through the gateway."""
+    return {s["metric"]["cause"]: float(s["value"][1]) for s in prometheus("dsv41_group_restarts_total")}
 
 
 def started_at(lab, node: str) -> str:

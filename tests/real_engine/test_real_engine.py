@@ -25,6 +25,7 @@ from real_engine_support import (
     playbook,
     record,
     request,
+    restarts_by_cause,
     started_at,
 )
 
@@ -171,11 +172,22 @@ def healed(lab, key: str, since: float, bound: float, before: dict[str, str]) ->
     return time.monotonic() - since
 
 
-@pytest.mark.parametrize("fault", ["worker rank killed", "head rank killed", "worker node restarted"])
-def test_a_lost_rank_or_node_is_healed_within_the_engines_start(supervised, key, fault):
+# The causes the supervisor may give each fault's restart (the node's: whichever it saw first).
+FAULT_CAUSES = {
+    "worker rank killed": {"rank_lost"},
+    "head rank killed": {"rank_lost"},
+    "worker node restarted": {"node_unreachable", "node_rebooted", "rank_lost"},
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULT_CAUSES))
+def test_a_lost_rank_or_node_is_healed_within_the_engines_start(supervised, scraped, key, fault):
+    """Healed within the bound, and Prometheus, scraping the supervisor through the gateway, has
+    the restart and its cause."""
     lab = supervised
     assert wait_for(lambda: recovered(lab), timeout=180, interval=2), supervisor_log(lab)[-3000:]
     before = {node: started_at(lab, node) for node in RANKS}
+    restarts_before = restarts_by_cause()
     since = time.monotonic()
     if fault == "worker rank killed":
         lab.ssh("worker", "docker kill dsv41-r1")
@@ -187,6 +199,17 @@ def test_a_lost_rank_or_node_is_healed_within_the_engines_start(supervised, key,
     seconds = healed(lab, key, since, bound, before)
     record(fault, seconds, "s", bound, "a chat request answers 391 again")
     assert seconds <= bound
+
+    def new_restarts() -> dict[str, float]:
+        after = restarts_by_cause()
+        return {
+            cause: n - restarts_before.get(cause, 0)
+            for cause, n in after.items()
+            if n > restarts_before.get(cause, 0)
+        }
+
+    assert wait_for(new_restarts, timeout=30, interval=2), (restarts_before, restarts_by_cause())
+    assert set(new_restarts()) <= FAULT_CAUSES[fault], (new_restarts(), supervisor_log(lab)[-2000:])
 
 
 # Measured on this machine (recipe tiny-chat: 128-token chunks): 30,000 prompt tokens take about

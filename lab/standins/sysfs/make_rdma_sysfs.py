@@ -5,6 +5,7 @@ This is NOT real hardware and NOT a real RDMA stack. Lab nodes have no ConnectX-
 script writes the files ``fabric_info`` reads under a fixture root instead of ``/sys``:
 
     <root>/class/infiniband/<hca>/ports/1/{state,phys_state,link_layer}
+    <root>/class/infiniband/<hca>/ports/1/counters/{port_rcv_data,port_xmit_data,...}   (0)
     <root>/class/infiniband/<hca>/ports/1/gids/<n>
     <root>/class/infiniband/<hca>/ports/1/gid_attrs/{types,ndevs}/<n>
     <root>/class/infiniband/<hca>/device/net/<netdev>/
@@ -62,6 +63,9 @@ PHYS_STATES = {
 }
 
 Ipv4Lookup = Callable[[str], list[str]]
+
+
+PORT_COUNTERS = ("port_rcv_data", "port_xmit_data", "port_rcv_errors", "port_xmit_discards", "link_downed")
 
 
 class StandinError(Exception):
@@ -259,6 +263,10 @@ def build_tree(
         _write(os.path.join(port_dir, "state"), f"{PORT_STATES[device.state]}: {device.state}")
         _write(os.path.join(port_dir, "phys_state"), f"{PHYS_STATES[phys_state]}: {phys_state}")
         _write(os.path.join(port_dir, "link_layer"), device.link_layer)
+        # A real mlx5 port's counters (data in 4-byte words); the stand-in's traffic goes over the
+        # netdev, whose statistics are the kernel's own.
+        for counter in PORT_COUNTERS:
+            _write(os.path.join(port_dir, "counters", counter), "0")
 
         ipv4s: list[str] = []
         table: dict[int, tuple[str, str]] = {}

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
+import dsv41_memguard_metrics as guard_metrics  # installed beside this program
 import dsv41_nofollow as nofollow  # installed beside this program
 
 GIB = 1024**3
@@ -42,6 +43,7 @@ KIB = 1024
 
 DEFAULT_STATE_DIR = "~/.dsv41-two-sparks"  # the collection's deployment_state_dir default
 KILL_RECORD = "memguard-last-kill"  # in the state directory: the time of the last kill, for the supervisor
+METRICS_BIND_RETRY_SECONDS = 30.0  # the fabric address may come up after the guard (at boot)
 CMDLINE_MAX_CHARS = 200  # keeps a trace line readable; the head of argv identifies the process
 # Docker container names are [a-zA-Z0-9][a-zA-Z0-9_.-]*; restricting the prefix to that set keeps
 # it harmless inside the `name=^<prefix>` regex filter and unable to look like a CLI option.
@@ -290,6 +292,9 @@ class Settings:
     log_max_bytes: int
     log_backups: int
     kill_record: Path | None = None
+    metrics_address: str = ""
+    metrics_port: int = 0  # 0: no metrics endpoint
+    sysfs_root: Path = Path("/sys")
 
     def describe(self) -> str:
         """The start line: every setting, so a log read later says how the guard was configured."""
@@ -300,6 +305,8 @@ class Settings:
             f" trace_every={self.trace_every:g}s trace_top={self.trace_top} meminfo={self.meminfo}"
             f" proc_root={self.proc_root} log={self.log} log_max_bytes={self.log_max_bytes}"
             f" log_backups={self.log_backups} kill_record={self.kill_record}"
+            f" metrics={f'{self.metrics_address}:{self.metrics_port}' if self.metrics_port else 'off'}"
+            f" sysfs_root={self.sysfs_root}"
         )
 
 
@@ -315,6 +322,7 @@ class Guard:
         run: Runner,
         monotonic: Callable[[], float],
         wall: Callable[[], float] = time.time,
+        metrics: guard_metrics.GuardMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.log = log
@@ -322,18 +330,43 @@ class Guard:
         self.run = run
         self.monotonic = monotonic
         self.wall = wall
+        self.metrics = metrics
         self.last_kill_time: float | None = None
         self.last_trace_time: float | None = None
+        # When to try the metrics endpoint (again); None: serving, or none asked for.
+        self.metrics_bind_at: float | None = 0.0 if metrics is not None and settings.metrics_port else None
+        self.metrics_error: str | None = None
+
+    def serve_metrics(self, now: float) -> None:
+        """Open the metrics endpoint, or try again later: guarding never waits for it."""
+        if self.metrics is None or self.metrics_bind_at is None or now < self.metrics_bind_at:
+            return
+        s = self.settings
+        try:
+            self.metrics.serve(s.metrics_address, s.metrics_port)
+        except OSError as exc:
+            self.metrics_bind_at = now + METRICS_BIND_RETRY_SECONDS
+            message = f"metrics on {s.metrics_address}:{s.metrics_port}: {exc}; trying again every"
+            message += f" {METRICS_BIND_RETRY_SECONDS:g} s"
+            if message != self.metrics_error:  # once per distinct problem, not every try
+                self.log.write("error", message)
+            self.metrics_error = message
+            return
+        self.metrics_bind_at = None
+        self.log.write("metrics", f"serving on {s.metrics_address}:{s.metrics_port}")
 
     def step(self) -> bool:
         """Sample once and act; False when MemAvailable could not be read."""
         s = self.settings
         now = self.monotonic()
+        self.serve_metrics(now)
         try:
             mem_available = parse_meminfo(self.read_meminfo())
         except (OSError, ValueError) as exc:
             self.log.write("error", f"cannot read MemAvailable from {s.meminfo}: {exc}")
             return False
+        if self.metrics is not None:
+            self.metrics.sampled(mem_available)
         # Kill before tracing: the scan of /proc costs time the host may not have. The trace taken
         # on the way down (under trace_below, well above the floor) already shows the culprits.
         if decide(mem_available, s.floor, self.last_kill_time, now, s.cooldown) is Action.KILL:
@@ -372,6 +405,8 @@ class Guard:
         if self._docker("kill", *names) is not None:
             self.last_kill_time = now
             self.log.write("killed", f"containers: {' '.join(names)}")
+            if self.metrics is not None:
+                self.metrics.killed()
             self._record_kill()
 
     def _record_kill(self) -> None:
@@ -439,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-backups", type=int, default=3, help="rotated files kept (default 3)")
     add("--meminfo", default="/proc/meminfo", help="meminfo file (tests point it elsewhere)")
     add("--proc-root", default="/proc", help="proc tree for the trace (tests point it elsewhere)")
+    add(
+        "--metrics-address", default="", help="address of the Prometheus endpoint (the node's fabric address)"
+    )
+    add("--metrics-port", type=int, default=0, help="port of the Prometheus endpoint (default 0: none)")
+    add("--sysfs-root", default="/sys", help="sysfs tree the fabric metrics read (tests point it elsewhere)")
     add("--once", action="store_true", help="sample once, act, exit (tests and diagnostics)")
     return parser
 
@@ -463,6 +503,10 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     non_negative("--trace-every", args.trace_every)
     non_negative("--trace-top", args.trace_top)
     non_negative("--log-backups", args.log_backups)
+    if not 0 <= args.metrics_port <= 65535:
+        parser.error(f"--metrics-port must be a TCP port (0: none), got {args.metrics_port}")
+    if args.metrics_port and not args.metrics_address:
+        parser.error("--metrics-port needs --metrics-address (the node's fabric address)")
     if not CONTAINER_PREFIX_RE.fullmatch(args.container_prefix):
         parser.error(
             f"--container-prefix must match {CONTAINER_PREFIX_RE.pattern} (a docker name prefix),"
@@ -486,6 +530,9 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         log_max_bytes=args.log_max_bytes,
         log_backups=args.log_backups,
         kill_record=Path(args.kill_record).expanduser() if args.kill_record else state_dir / KILL_RECORD,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        sysfs_root=Path(args.sysfs_root),
     )
 
 
@@ -509,6 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_meminfo=settings.meminfo.read_text,
         run=run_command,
         monotonic=time.monotonic,
+        metrics=None
+        if args.once
+        else guard_metrics.GuardMetrics(floor=settings.floor, sysfs_root=settings.sysfs_root),
     )
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -61,6 +61,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 import dsv41_nofollow as nofollow  # installed beside this program
+import dsv41_supervisor_metrics as supervisor_metrics  # installed beside this program
 
 GIB = 1024**3
 MIB = 1024**2
@@ -107,6 +108,9 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rankctl_timeout_seconds": 20,  # one status call, ssh included
     "rankctl_action_timeout_seconds": 120,  # one start or stop (docker stop waits up to 30 s)
     "http_timeout_seconds": 10,  # /health and /metrics
+    # The Prometheus endpoint (the API gateway serves it under the key); port 0: none.
+    "metrics_address": "127.0.0.1",
+    "metrics_port": 0,
 }
 
 
@@ -123,6 +127,23 @@ class State(enum.Enum):
     GAVE_UP = "gave_up"  # max_attempts failed in a row; acts on nothing until a deployment run or a restart
     PAUSED = "paused"  # a deployment run holds the lock
     STOPPED = "stopped"  # the supervisor is not running (written on exit) or has not looked yet
+
+
+class Cause(enum.Enum):
+    """Why the supervisor stopped or restarted the group: the bounded label of its fault and
+    restart metrics (the reason in the log says the rest)."""
+
+    NOT_RUNNING = "not_running"  # the first look found no rank running
+    RANK_LOST = "rank_lost"
+    RANK_RESTARTED_ALONE = "rank_restarted_alone"
+    NODE_REBOOTED = "node_rebooted"
+    NODE_UNREACHABLE = "node_unreachable"
+    HANG = "hang"
+    API_UNHEALTHY = "api_unhealthy"
+    STARTUP_TIMEOUT = "startup_timeout"
+    RESTART_FAILED = "restart_failed"
+    MEMORY_GUARD = "memory_guard"
+    FABRIC_DOWN = "fabric_down"
 
 
 class Action(enum.Enum):
@@ -208,6 +229,8 @@ class Settings:
     rankctl_timeout: float
     rankctl_action_timeout: float
     http_timeout: float
+    metrics_address: str
+    metrics_port: int
 
     @property
     def memory_needed(self) -> int:
@@ -249,6 +272,7 @@ class Settings:
             f" recovered_after={self.recovery:g}s"
             f" memory_needed={format_gib(self.memory_needed)} pause_max={self.pause_max:g}s"
             f" state_dir={self.state_dir} key_file={self.api_key_file}"
+            f" metrics={f'{self.metrics_address}:{self.metrics_port}' if self.metrics_port else 'off'}"
         )
 
 
@@ -387,6 +411,7 @@ class Memory:
     lock_taken_seen: float | None = None
     kill_on_restart: bool = False  # the restart after this backoff kills the ranks (a hang's)
     unreachable_since: float | None = None  # since when some node has given no status (None: all answer)
+    cause: Cause | None = None  # of the last fault: the cause of the restart that ends its wait or backoff
 
 
 class Decision(NamedTuple):
@@ -400,6 +425,12 @@ class Decision(NamedTuple):
     # hung engine cannot shut down, and each rank's stop would wait out docker's grace period
     # (measured on vLLM 0.32: 30 s for each rank of a frozen pair).
     kill: bool = False
+    cause: Cause | None = None  # set where a fault is detected (counted once), None where a state goes on
+
+
+class Fault(NamedTuple):
+    cause: Cause
+    reason: str
 
 
 class Step(NamedTuple):
@@ -513,6 +544,11 @@ def load_settings(doc: Any) -> Settings:
     log_max_bytes = _integer(full, "log_max_bytes", problems, minimum=1)
     log_backups = _integer(full, "log_backups", problems, minimum=0)
     nodes = _nodes(full["nodes"], problems)
+    metrics_port = _integer(full, "metrics_port", problems, minimum=0)
+    if metrics_port > 65535:
+        problems.append(f"metrics_port must be a TCP port (0: none), got {metrics_port}")
+    if not isinstance(full["metrics_address"], str) or not full["metrics_address"]:
+        problems.append(f"metrics_address must be an address to listen on, got {full['metrics_address']!r}")
     if problems:
         raise ConfigError("; ".join(problems))
     return Settings(
@@ -537,6 +573,8 @@ def load_settings(doc: Any) -> Settings:
         rankctl_timeout=seconds["rankctl_timeout_seconds"],
         rankctl_action_timeout=seconds["rankctl_action_timeout_seconds"],
         http_timeout=seconds["http_timeout_seconds"],
+        metrics_address=full["metrics_address"],
+        metrics_port=metrics_port,
     )
 
 
@@ -850,25 +888,27 @@ def lost_rank_reason(rank: RankStatus) -> str:
     return f"lost rank {rank.rank} on {rank.node}: {_exit_words(rank)}"
 
 
-def group_fault(obs: Observation, memory: Memory) -> str | None:
+def group_fault(obs: Observation, memory: Memory) -> Fault | None:
     """Why the group cannot go on as it is: a rank not running, a node back from a reboot, or a
     rank that restarted alone (docker's restart policy) since the group was started or adopted.
     A node that gave no status is the node rule's (see serving_through_silence), not a fault here."""
     answering = [rank for rank in obs.ranks if not rank.unreachable]
     for rank in answering:
         if not rank.running:
-            return lost_rank_reason(rank)
+            return Fault(Cause.RANK_LOST, lost_rank_reason(rank))
     for rank in answering:
         recorded = memory.baseline.get(rank.node)
         if recorded and recorded.boot_id and rank.boot_id and rank.boot_id != recorded.boot_id:
-            return f"node {rank.node} rebooted: boot_id {recorded.boot_id} -> {rank.boot_id}"
+            reason = f"node {rank.node} rebooted: boot_id {recorded.boot_id} -> {rank.boot_id}"
+            return Fault(Cause.NODE_REBOOTED, reason)
     for rank in answering:
         recorded = memory.baseline.get(rank.node)
         if recorded is not None and rank.started_at != recorded.started_at:
-            return (
+            reason = (
                 f"rank {rank.rank} on {rank.node} restarted alone: started {rank.started_at},"
                 f" the group started it at {recorded.started_at} (docker restart count {rank.restart_count})"
             )
+            return Fault(Cause.RANK_RESTARTED_ALONE, reason)
     return None
 
 
@@ -904,7 +944,7 @@ def fabric_wait_reason(down: Sequence[tuple[str, Fabric]]) -> str:
 
 
 def failed_attempt(
-    attempts: int, reason: str, now: float, settings: Settings, *, kill: bool = False
+    attempts: int, reason: str, now: float, settings: Settings, *, cause: Cause, kill: bool = False
 ) -> Decision:
     """One more failed attempt: back off (``kill``: the restart after it kills the ranks), or give
     up after max_attempts in a row."""
@@ -915,6 +955,7 @@ def failed_attempt(
             State.GAVE_UP,
             f"gave up after {attempts} failed attempts in a row; last: {reason}",
             attempts,
+            cause=cause,
         )
     delay = backoff_delay(attempts, settings)
     return Decision(
@@ -924,6 +965,7 @@ def failed_attempt(
         attempts,
         now + delay,
         kill=kill,
+        cause=cause,
     )
 
 
@@ -946,22 +988,24 @@ def _adopt(obs: Observation) -> Decision:
         )
     if not running:
         states = ", ".join(f"rank {r.rank} on {r.node} {r.state}" for r in obs.ranks)
-        return Decision(Action.RESTART, State.STARTING, f"no rank running ({states}): starting the group", 0)
+        reason = f"no rank running ({states}): starting the group"
+        return Decision(Action.RESTART, State.STARTING, reason, 0, cause=Cause.NOT_RUNNING)
     lost = next(r for r in obs.ranks if not r.running)
-    return Decision(Action.RESTART, State.STARTING, lost_rank_reason(lost), 0)
+    return Decision(Action.RESTART, State.STARTING, lost_rank_reason(lost), 0, cause=Cause.RANK_LOST)
 
 
-def _failed_stop(attempts: int, reason: str, wait: State, settings: Settings) -> Decision:
+def _failed_stop(attempts: int, fault: Fault, wait: State, settings: Settings) -> Decision:
     """Stop the group after one more failed attempt, then ``wait``; or give up at max_attempts."""
     attempts += 1
     if attempts >= settings.max_attempts:
         return Decision(
             Action.STOP,
             State.GAVE_UP,
-            f"gave up after {attempts} failed attempts in a row; last: {reason}",
+            f"gave up after {attempts} failed attempts in a row; last: {fault.reason}",
             attempts,
+            cause=fault.cause,
         )
-    return Decision(Action.STOP, wait, reason, attempts)
+    return Decision(Action.STOP, wait, fault.reason, attempts, cause=fault.cause)
 
 
 def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Settings) -> Decision:
@@ -970,13 +1014,14 @@ def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Setting
         f"memory guard on {rank.node} killed at {format_time(rank.memguard_last_kill)}: stopping the group,"
         f" then waiting for {format_gib(settings.memory_needed)} available on every node"
     )
-    return _failed_stop(memory.attempts, reason, State.MEMORY_WAIT, settings)
+    return _failed_stop(memory.attempts, Fault(Cause.MEMORY_GUARD, reason), State.MEMORY_WAIT, settings)
 
 
 def _fabric_stop(down: Sequence[tuple[str, Fabric]], memory: Memory) -> Decision:
     """No rank can work without its fabric and a restart would only fail: stop the group and wait
     for the links. Not a failed attempt: nothing the supervisor did or can do went wrong."""
-    return Decision(Action.STOP, State.FABRIC_WAIT, fabric_wait_reason(down), memory.attempts)
+    reason = fabric_wait_reason(down)
+    return Decision(Action.STOP, State.FABRIC_WAIT, reason, memory.attempts, cause=Cause.FABRIC_DOWN)
 
 
 def unreachable_nodes(ranks: Sequence[RankStatus]) -> list[RankStatus]:
@@ -1007,10 +1052,10 @@ def _node_stop(gone: Sequence[RankStatus], memory: Memory, settings: Settings) -
     supervisor gave up, minutes before the node came back: stop the group and wait for the node.
     The wait is no failed attempt; losing the node before the group recovered from its last start
     is one (a node that drops off whenever its rank starts is given up on, not restarted for ever)."""
-    reason = node_wait_reason(gone)
+    fault = Fault(Cause.NODE_UNREACHABLE, node_wait_reason(gone))
     if memory.state is State.STARTING or (memory.state is State.HEALTHY and not memory.recovered):
-        return _failed_stop(memory.attempts, reason, State.NODE_WAIT, settings)
-    return Decision(Action.STOP, State.NODE_WAIT, reason, memory.attempts)
+        return _failed_stop(memory.attempts, fault, State.NODE_WAIT, settings)
+    return Decision(Action.STOP, State.NODE_WAIT, fault.reason, memory.attempts, cause=fault.cause)
 
 
 def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
@@ -1019,7 +1064,9 @@ def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Set
     The failed attempts are kept until it has recovered (see _decide_healthy)."""
     fault = group_fault(obs, memory)
     if fault:
-        return failed_attempt(memory.attempts, f"while starting: {fault}", now, settings)
+        return failed_attempt(
+            memory.attempts, f"while starting: {fault.reason}", now, settings, cause=fault.cause
+        )
     started = memory.group_started if memory.group_started is not None else memory.since
     probe = memory.last_probe
     probed = probe is not None and probe.time >= started
@@ -1043,7 +1090,7 @@ def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Set
                 f" answered nothing; no engine progress for {now - quiet_since:g} s, and the probe"
                 f" failed: {obs.probe.detail}"
             )
-            return failed_attempt(memory.attempts, reason, now, settings, kill=True)
+            return failed_attempt(memory.attempts, reason, now, settings, cause=Cause.HANG, kill=True)
     if now - started >= settings.startup_timeout:
         last = f"; last probe: {probe.detail}" if probed else ""
         return failed_attempt(
@@ -1051,26 +1098,31 @@ def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Set
             f"startup: not healthy within {settings.startup_timeout:g} s ({_health_words(obs)}{last})",
             now,
             settings,
+            cause=Cause.STARTUP_TIMEOUT,
         )
     return Decision(Action.NONE, State.STARTING, memory.reason, memory.attempts)
 
 
 def _decide_healthy(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
-    def failure(reason: str, *, kill: bool = False) -> Decision:
+    def failure(fault: Fault, *, kill: bool = False) -> Decision:
         if memory.recovered:  # a new problem of a group that had recovered: restart it at once
-            return Decision(Action.RESTART, State.STARTING, reason, memory.attempts, kill=kill)
+            return Decision(
+                Action.RESTART, State.STARTING, fault.reason, memory.attempts, kill=kill, cause=fault.cause
+            )
         # Failed again before it recovered: that start did not work, whatever way it failed. A group
         # that hangs (or loses a rank) soon after every restart is given up on after max_attempts.
         healthy_for = f"healthy for {now - memory.since:g} s only (recovered takes {settings.recovery:g} s)"
-        return failed_attempt(memory.attempts, f"{reason}; {healthy_for}", now, settings, kill=kill)
+        reason = f"{fault.reason}; {healthy_for}"
+        return failed_attempt(memory.attempts, reason, now, settings, cause=fault.cause, kill=kill)
 
     fault = group_fault(obs, memory)
     if fault:
         return failure(fault)
     if probe_hung(obs):
-        return failure(hang_reason(obs, memory, now), kill=True)
+        return failure(Fault(Cause.HANG, hang_reason(obs, memory, now)), kill=True)
     if memory.health_bad_since is not None and now - memory.health_bad_since >= settings.hang:
-        return failure(f"API {_health_words(obs)} for {now - memory.health_bad_since:g} s")
+        reason = f"API {_health_words(obs)} for {now - memory.health_bad_since:g} s"
+        return failure(Fault(Cause.API_UNHEALTHY, reason))
     if obs.probe is not None and obs.probe.outcome is Probe.FAILED:
         reason = (
             f"group healthy: the probe failed ({obs.probe.detail}) while the engine made progress:"
@@ -1412,12 +1464,14 @@ class Supervisor:
         run: Runner,
         http: Http,
         clock: Callable[[], float],
+        metrics: supervisor_metrics.SupervisorMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.log = log
         self.run = run
         self.http = http
         self.clock = clock
+        self.metrics = metrics
         self.memory = Memory(since=clock())
         self.last_obs: Observation | None = None
         self._state_error: str | None = None
@@ -1517,6 +1571,9 @@ class Supervisor:
 
     def restart_group(self, decision: Decision, memory: Memory) -> Memory:
         self.write_state(dataclasses.replace(memory, state=State.RESTARTING, reason=decision.reason))
+        if self.metrics is not None:  # a backoff's or a wait's end restarts for the fault that began it
+            cause = decision.cause or memory.cause
+            self.metrics.restarted(cause.value if cause is not None else "unknown")
         ok, failure, starts_began, yielded = self.run_steps(restart_plan(self.settings, kill=decision.kill))
         now = self.clock()
         last_action = (now, Action.RESTART.value, decision.reason)
@@ -1529,7 +1586,12 @@ class Supervisor:
                 Decision(Action.NONE, State.NODE_WAIT, node_wait_reason(gone), decision.attempts)
                 if gone
                 else failed_attempt(
-                    decision.attempts, f"group restart: {failure}", now, self.settings, kill=decision.kill
+                    decision.attempts,
+                    f"group restart: {failure}",
+                    now,
+                    self.settings,
+                    cause=Cause.RESTART_FAILED,
+                    kill=decision.kill,
                 )
             )
             self.log_decision(failed)
@@ -1590,6 +1652,7 @@ class Supervisor:
             backoff_until=decision.backoff_until,
             recovered=memory.recovered if decision.recovered is None else decision.recovered,
             kill_on_restart=decision.kill,
+            cause=decision.cause if decision.cause is not None else memory.cause,
         )
 
     def log_decision(self, decision: Decision) -> None:
@@ -1604,6 +1667,8 @@ class Supervisor:
             or decision.reason != memory.reason
         ):
             self.log_decision(decision)
+        if decision.cause is not None and self.metrics is not None:
+            self.metrics.fault(decision.cause.value)
         if decision.action is Action.RESTART:
             return self.restart_group(decision, memory)
         if decision.action is Action.STOP:
@@ -1642,6 +1707,9 @@ class Supervisor:
         decision = decide(obs, memory, now, s)
         self.memory = self.apply(decision, memory, obs, now)
         self.write_state(self.memory)
+        if self.metrics is not None:
+            ranks = [(r.node, r.rank, r.running) for r in (self.last_obs or obs).ranks]
+            self.metrics.observe(self.memory.state.value, ranks, self.memory.attempts)
 
     def write_state(self, memory: Memory) -> None:
         doc = state_document(memory, self.last_obs, self.clock(), os.getpid(), self.settings.hang)
@@ -1723,10 +1791,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # keep supervising; the log falls back to stdout and stderr
         sys.stderr.write(f"dsv41_supervisor: cannot create {settings.state_dir}: {exc}\n")
     log = RotatingLog(settings.state_dir / LOG_NAME, settings.log_max_bytes, settings.log_backups, time.time)
-    supervisor = Supervisor(settings, log, run=run_command, http=http_request, clock=time.time)
+    metrics = supervisor_metrics.SupervisorMetrics(
+        states=[state.value for state in State],
+        causes=[cause.value for cause in Cause],
+        acceptance_record=settings.state_dir / supervisor_metrics.ACCEPTANCE_RECORD,
+    )
+    supervisor = Supervisor(
+        settings, log, run=run_command, http=http_request, clock=time.time, metrics=metrics
+    )
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         log.write("start", settings.describe() + (" once" if args.once else ""))
+        if settings.metrics_port and not args.once:
+            try:
+                metrics.serve(settings.metrics_address, settings.metrics_port)
+            except OSError as exc:  # supervising matters more than its metrics: say so and go on
+                log.write("error", f"metrics on {settings.metrics_address}:{settings.metrics_port}: {exc}")
         if args.once:
             supervisor.step()
         else:

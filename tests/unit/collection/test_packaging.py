@@ -56,7 +56,9 @@ def test_the_artifact_ships_what_a_user_runs(artifact):
     names = set(artifact.getnames())
     for shipped in ("playbooks/site.yml", "playbooks/restart.yml", "roles/rank/tasks/main.yml",
                     "plugins/modules/checkpoint_shards.py", "meta/runtime.yml", "requirements.yml",
-                    "inventory/sparks/hosts.yml", "README.md"):  # fmt: skip
+                    "inventory/sparks/hosts.yml", "README.md", "dashboards/dsv41-pair.json",
+                    "roles/supervisor/files/dsv41_supervisor_metrics.py",
+                    "roles/memguard/files/dsv41_memguard_metrics.py"):  # fmt: skip
         assert shipped in names
 
 

@@ -6,6 +6,7 @@ sources the user names, and the key lives in the environment, not in the file. T
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -69,6 +70,7 @@ def render(**overrides) -> str:
         "__rank_gateway_tls": False,
         "__rank_gateway_tls_pem": "",
         "__rank_engine_host": "127.0.0.1",
+        "__rank_metrics_backends": [],
         **overrides,
     }
     text = (ROLES / "rank" / "templates" / "dsv41-gateway.cfg.j2").read_text()
@@ -195,3 +197,30 @@ def test_tls_serves_the_users_certificate(tmp_path):
         assert ask(f"{url}/v1/models", KEY) == 200
         with pytest.raises(urllib.error.URLError, match=r"CERTIFICATE_VERIFY_FAILED|self.signed"):
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{url}/health", timeout=5)
+
+
+def test_the_supervisors_and_guards_metrics_answer_only_the_key_each_from_its_own_endpoint(tmp_path):
+    with serving(Engine) as supervisor_url, serving(Engine) as guard_url:
+        backends = [
+            {
+                "path": "/metrics/supervisor",
+                "what": "the supervisor",
+                "server": supervisor_url.split("//")[1],
+            },
+            {"path": "/metrics/memguard/spark-b", "what": "a guard", "server": guard_url.split("//")[1]},
+        ]
+        with gateway(tmp_path, __rank_metrics_backends=backends) as url:
+            for path in ("/metrics/supervisor", "/metrics/memguard/spark-b"):
+                assert ask(url + path) == 401
+                assert ask(url + path, KEY) == 200
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            request = urllib.request.Request(
+                url + "/metrics/memguard/spark-b", headers={"Authorization": f"Bearer {KEY}"}
+            )
+            with opener.open(request, timeout=5) as reply:
+                reached = json.loads(reply.read())
+            # The guard's own endpoint is asked for /metrics, and the key stays at the gateway (it
+            # would cross the fabric for nothing).
+            assert (reached["path"], reached["authorization"]) == ("/metrics", None)
+            # A node the inventory does not have is the engine's path, which needs the key too.
+            assert ask(url + "/metrics/memguard/spark-z") == 401

@@ -36,6 +36,8 @@ def _load_program():
 
 
 mg = _load_program()
+import dsv41_memguard_metrics as guard_metrics  # noqa: E402 - beside the program, as installed
+
 GIB = 1024**3
 
 # /proc/meminfo of the machine these tests were written on (x86_64, 24 GB), verbatim.
@@ -229,6 +231,7 @@ class Harness:
         self.proc_root = proc_root
         self.samples: list[int] = []
         self.log_path = tmp_path / "state" / "memguard.log"
+        self.metrics = None  # a GuardMetrics to wire in
 
     def guard(self, *extra_args: str):
         argv = [
@@ -252,6 +255,7 @@ class Harness:
             run=mg.run_command,
             monotonic=self.clock.monotonic,
             wall=self.clock.wall,
+            metrics=self.metrics,
         )
 
     def run(self, available_gib: Iterable[float], *extra_args: str) -> None:
@@ -674,3 +678,127 @@ def test_signal_logs_and_exits_0(tmp_path: Path, docker: FakeDocker, proc_root: 
     last = log.read_text().splitlines()[-1]
     assert last.endswith(f"stop {signal.Signals(signum).name} received, exiting")
     assert docker.calls() == []
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics (dsv41_memguard_metrics)
+# --------------------------------------------------------------------------------------------
+
+SYSFS_GENERATOR = REPO_ROOT / "lab" / "standins" / "sysfs" / "make_rdma_sysfs.py"
+
+
+def _sample(registry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels or None)
+
+
+@pytest.fixture
+def spark_sysfs(tmp_path: Path) -> Path:
+    """The stand-in tree of a Spark with its cabled port's two halves ACTIVE and the other DOWN,
+    and netdev statistics as the kernel keeps them."""
+    spec = importlib.util.spec_from_file_location("make_rdma_sysfs", SYSFS_GENERATOR)
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gen
+    spec.loader.exec_module(gen)
+    root = tmp_path / "sysfs"
+    devices = [
+        gen.DeviceSpec(name="rocep1s0f1", netdev="enp1s0f1np1", state="ACTIVE"),
+        gen.DeviceSpec(name="roceP2p1s0f1", netdev="enP2p1s0f1np1", state="ACTIVE"),
+        gen.DeviceSpec(name="rocep1s0f0", netdev="enp1s0f0np0", state="DOWN"),
+    ]
+    gen.build_tree(str(root), devices, ipv4_by_netdev={d.netdev: [] for d in devices})
+    port = root / "class/infiniband/rocep1s0f1/ports/1/counters"
+    (port / "port_rcv_data").write_text("1000\n")
+    (port / "port_xmit_data").write_text("250\n")
+    (port / "link_downed").write_text("2\n")
+    stats = root / "class/net/enp1s0f1np1/statistics"
+    stats.mkdir()
+    (stats / "rx_bytes").write_text("123456\n")
+    (stats / "tx_errors").write_text("3\n")
+    return root
+
+
+def test_fabric_metrics_read_every_port_and_its_netdev_at_each_scrape(spark_sysfs: Path) -> None:
+    metrics = guard_metrics.GuardMetrics(floor=GIB, sysfs_root=spark_sysfs)
+    registry = metrics.registry
+    port = {"device": "rocep1s0f1", "port": "1"}
+    assert _sample(registry, "dsv41_fabric_port_active", **port, netdev="enp1s0f1np1") == 1
+    assert (
+        _sample(registry, "dsv41_fabric_port_active", device="rocep1s0f0", port="1", netdev="enp1s0f0np0")
+        == 0
+    )
+    assert _sample(registry, "dsv41_fabric_port_data_bytes_total", **port, direction="receive") == 4000
+    assert _sample(registry, "dsv41_fabric_port_data_bytes_total", **port, direction="transmit") == 1000
+    assert _sample(registry, "dsv41_fabric_port_errors_total", **port, counter="link_downed") == 2
+    assert _sample(registry, "dsv41_fabric_port_errors_total", **port, counter="port_rcv_errors") == 0
+    # symbol_error is not in the tree: no series rather than a made-up 0.
+    assert _sample(registry, "dsv41_fabric_port_errors_total", **port, counter="symbol_error") is None
+    assert _sample(registry, "dsv41_fabric_netdev_up", netdev="enp1s0f1np1") == 1
+    assert _sample(registry, "dsv41_fabric_netdev_up", netdev="enp1s0f0np0") == 0
+    assert _sample(registry, "dsv41_fabric_netdev_total", netdev="enp1s0f1np1", counter="rx_bytes") == 123456
+    assert _sample(registry, "dsv41_fabric_netdev_total", netdev="enp1s0f1np1", counter="tx_errors") == 3
+    # Read again at the next scrape: a link that went down shows at once.
+    (spark_sysfs / "class/infiniband/rocep1s0f1/ports/1/state").write_text("1: DOWN\n")
+    (spark_sysfs / "class/net/enp1s0f1np1/carrier").write_text("0\n")
+    assert _sample(registry, "dsv41_fabric_port_active", **port, netdev="enp1s0f1np1") == 0
+    assert _sample(registry, "dsv41_fabric_netdev_up", netdev="enp1s0f1np1") == 0
+
+
+def test_fabric_metrics_of_a_node_without_rdma_are_empty(tmp_path: Path) -> None:
+    families = guard_metrics.fabric_families(tmp_path / "no-sysfs")
+    assert [family.samples for family in families] == [[], [], [], [], []]
+
+
+def test_metrics_show_memavailable_the_floor_and_each_kill(harness: Harness, tmp_path: Path) -> None:
+    harness.metrics = guard_metrics.GuardMetrics(floor=GIB, sysfs_root=tmp_path / "no-sysfs")
+    registry = harness.metrics.registry
+    assert _sample(registry, "dsv41_memguard_kills_total") == 0
+    harness.run([5, 0.5, 0.5], "--cooldown", "60")
+    assert _sample(registry, "dsv41_memguard_mem_available_bytes") == int(0.5 * GIB)
+    assert _sample(registry, "dsv41_memguard_floor_bytes") == GIB
+    assert _sample(registry, "dsv41_memguard_kills_total") == 1  # the second sample is in the cooldown
+
+
+class RefusingMetrics:
+    """A metrics endpoint whose address is not there yet (the fabric comes up after the guard)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.tries = 0
+
+    def sampled(self, _mem_available: int) -> None:
+        pass
+
+    def killed(self) -> None:
+        pass
+
+    def serve(self, address: str, port: int) -> None:
+        self.tries += 1
+        if self.tries <= self.failures:
+            raise OSError(99, "Cannot assign requested address")
+
+
+def test_a_metrics_address_not_there_yet_is_tried_again_and_never_stops_the_guard(
+    harness: Harness, docker: FakeDocker
+) -> None:
+    harness.metrics = RefusingMetrics(failures=2)
+    harness.run([0.5] + [5] * 70, "--metrics-address", "192.168.100.13", "--metrics-port", "9642")
+    assert docker.kills() == [["dsv41-r0", "dsv41-r1"]]  # guarded from the first sample
+    assert harness.metrics.tries == 3  # at 0 s, 30 s, then served at 60 s
+    errors = harness.log_lines("error")
+    assert len(errors) == 1 and "192.168.100.13:9642: [Errno 99] Cannot assign requested address" in errors[0]
+    assert harness.log_lines("metrics")[0].endswith("serving on 192.168.100.13:9642")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metrics-port", "9642"], "--metrics-port needs --metrics-address"),
+        (["--metrics-address", "10.0.0.1", "--metrics-port", "70000"], "--metrics-port must be a TCP port"),
+    ],
+)
+def test_metrics_options_are_checked(harness: Harness, capsys, args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        harness.guard(*args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -46,6 +46,8 @@ def _load_program(name: str = "dsv41_supervisor", path: Path = PROGRAM):
 
 
 sup = _load_program()
+import dsv41_supervisor_metrics as supervisor_metrics  # noqa: E402 - beside the program, as installed
+
 GIB = 1024**3
 T0 = 1_764_579_600.0  # 2025-12-01T09:00:00Z
 KEY = "sk-dsv41-0123456789abcdef-secret"
@@ -2630,3 +2632,118 @@ def test_signal_stops_cleanly_and_leaves_the_ranks_alone(tmp_path: Path, signum:
 def test_memory_record_dataclass_is_immutable() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         sup.Memory().state = sup.State.HEALTHY  # type: ignore[misc]
+
+
+# --- metrics (dsv41_supervisor_metrics) --------------------------------------------------------
+
+
+def with_metrics(h: Harness) -> Any:
+    h.sup.metrics = supervisor_metrics.SupervisorMetrics(
+        states=[state.value for state in sup.State],
+        causes=[cause.value for cause in sup.Cause],
+        acceptance_record=h.state_dir / supervisor_metrics.ACCEPTANCE_RECORD,
+    )
+    return h.sup.metrics.registry
+
+
+def test_metrics_count_a_lost_rank_and_its_restart_by_cause_and_show_each_rank(h: Harness) -> None:
+    registry = with_metrics(h)
+    h.adopt_healthy()
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "rank_lost"}) == 0
+    assert registry.get_sample_value("dsv41_group_state", {"state": "healthy"}) == 1
+    h.worker.die(137)
+    h.tick()
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "rank_lost"}) == 1
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "rank_lost"}) == 1
+    assert registry.get_sample_value("dsv41_group_state", {"state": "healthy"}) == 0
+    assert registry.get_sample_value("dsv41_group_state", {"state": "starting"}) == 1
+    h.until(lambda: h.sup.memory.state is sup.State.HEALTHY)
+    assert registry.get_sample_value("dsv41_rank_up", {"node": "spark-b", "rank": "1"}) == 1
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "rank_lost"}) == 1
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "hang"}) == 0
+
+
+def test_metrics_count_each_hang_and_the_restart_after_each_backoff_for_it(h: Harness) -> None:
+    registry = with_metrics(h)
+    h.adopt_healthy()
+    h.tick()
+    h.api.answers_per_start = 1  # every new head answers one probe (healthy), then hangs
+    h.api.answers_left = 0
+    h.tick(400)
+    assert h.sup.memory.state is sup.State.GAVE_UP
+    # The first hang restarts at once; four more back off then restart; the fifth gives up.
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "hang"}) == 6
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "hang"}) == 5
+    assert len(h.cluster.head_stop_times()) == 5
+    assert registry.get_sample_value("dsv41_group_state", {"state": "gave_up"}) == 1
+    assert registry.get_sample_value("dsv41_group_failed_attempts") == 5
+
+
+ACCEPTED = {
+    "version": 1,
+    "last": {"time": "2026-12-06T10:00:00+00:00", "verdict": "warn", "figure": {"busbw_gbps": 18.5}},
+    "last_good": {"time": "2026-12-01T09:00:00+00:00", "verdict": "pass", "figure": {"busbw_gbps": 23.7}},
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        pytest.param(
+            ACCEPTED,
+            {
+                ("dsv41_fabric_acceptance_verdict", "warn"): 1,
+                ("dsv41_fabric_acceptance_verdict", "pass"): 0,
+                ("dsv41_fabric_acceptance_verdict", "fail"): 0,
+                ("dsv41_fabric_acceptance_busbw_gbps", None): 18.5,
+                ("dsv41_fabric_acceptance_last_good_busbw_gbps", None): 23.7,
+                ("dsv41_fabric_acceptance_timestamp_seconds", None): 1796551200,
+            },
+            id="warn-after-a-pass",
+        ),
+        pytest.param(
+            {"last": {"time": "not a time", "verdict": "fail", "figure": None}, "last_good": None},
+            {
+                ("dsv41_fabric_acceptance_verdict", "fail"): 1,
+                ("dsv41_fabric_acceptance_verdict", "pass"): 0,
+                ("dsv41_fabric_acceptance_verdict", "warn"): 0,
+            },
+            id="failed-to-run",
+        ),
+        pytest.param({"version": 1}, {}, id="no-run-yet"),
+        pytest.param([], {}, id="not-a-record"),
+    ],
+)
+def test_the_last_fabric_acceptance_result_as_metrics(record: Any, expected: dict) -> None:
+    samples = {
+        (sample.name, sample.labels.get("verdict")): sample.value
+        for family in supervisor_metrics.acceptance_families(record)
+        for sample in family.samples
+    }
+    assert samples == expected
+
+
+def test_the_acceptance_record_is_read_at_each_scrape_and_never_through_a_link(
+    h: Harness, tmp_path: Path
+) -> None:
+    registry = with_metrics(h)
+    assert registry.get_sample_value("dsv41_fabric_acceptance_busbw_gbps") is None  # no run yet
+    (h.state_dir / "fabric-acceptance.json").write_text(json.dumps(ACCEPTED))
+    assert registry.get_sample_value("dsv41_fabric_acceptance_busbw_gbps") == 18.5
+    (h.state_dir / "fabric-acceptance.json").unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(ACCEPTED))
+    (h.state_dir / "fabric-acceptance.json").symlink_to(tmp_path / "elsewhere.json")
+    assert registry.get_sample_value("dsv41_fabric_acceptance_busbw_gbps") is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"metrics_port": 70000}, "metrics_port must be a TCP port"),
+        ({"metrics_port": -1}, "metrics_port must be an integer >= 0"),
+        ({"metrics_address": ""}, "metrics_address must be an address"),
+    ],
+)
+def test_metrics_settings_are_checked(tmp_path: Path, overrides: dict, message: str) -> None:
+    with pytest.raises(sup.ConfigError, match=message):
+        sup.load_settings(config_doc(tmp_path, tmp_path / "key", 2, **overrides))

@@ -10,6 +10,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._systemd import s
 from role_defaults import ROLES, SHARED_ROLE, role_defaults
 
 STATE = "/home/spark user/.local/state/dsv41"  # a home directory with a space in its name
+FABRIC_ADDRESS = "192.168.100.13"
 
 
 def render(role: str, template: str, **overrides) -> dict[str, str]:
@@ -23,6 +24,8 @@ def render(role: str, template: str, **overrides) -> dict[str, str]:
         "deployment_rank_nodes": ["spark-a", "spark-b"],
         "deployment_state_path": STATE,
         "supervisor_config_dir": "/etc/sparkserve dsv41",
+        "fabric_selected": {"ipv4": FABRIC_ADDRESS},
+        "fabric_sysfs_root": "/sys",
         **overrides,
     }
     text = environment.from_string((ROLES / role / "templates" / template).read_text()).render(values)
@@ -42,6 +45,8 @@ def memguard_argv(install_dir: str) -> list[str]:
         "--trace-below-gib", str(d["memguard_trace_below_gib"]),
         "--log", f"{STATE}/memguard.log", "--kill-record", f"{STATE}/memguard-last-kill",
         "--log-max-bytes", str(d["memguard_log_max_bytes"]), "--log-backups", str(d["memguard_log_backups"]),
+        "--metrics-address", FABRIC_ADDRESS, "--metrics-port", str(d["deployment_memguard_metrics_port"]),
+        "--sysfs-root", "/sys",
     ]  # fmt: skip
 
 
