@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The README's tables of the lab suites, from what the suites measured.
+"""The documents' tables of the lab suites, from what the suites measured.
 
 The fault suite (tests/deployment/test_faults.py), the upgrade suite (test_upgrades.py) and the
 real-engine suite (tests/real_engine/) each record their cases in ``.lab/<suite>.json``; this
-writes each table between its markers in the README, so the figures there are the last run's:
+writes each table between its markers, wherever they are in README.md and docs/*.md
+(docs/failure-handling.md, docs/upgrades.md, docs/lab.md), so the figures there are the last run's:
 
-    python3 benchmarks/suite_tables.py            # rewrites README.md from .lab/
-    python3 benchmarks/suite_tables.py --check    # exit 1 when README.md differs
+    python3 benchmarks/suite_tables.py            # rewrites the documents from .lab/
+    python3 benchmarks/suite_tables.py --check    # exit 1 when a document differs
 
 A suite whose file is missing keeps its table as it is.
 """
@@ -85,21 +86,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--results", type=Path, default=ROOT / ".lab", help="where the suites wrote their JSON"
     )
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    parser.add_argument("--check", action="store_true", help="only say whether the README is up to date")
+    parser.add_argument(
+        "--document",
+        type=Path,
+        action="append",
+        help="a document with suite tables (default: README.md and docs/*.md)",
+    )
+    parser.add_argument("--check", action="store_true", help="only say whether the documents are up to date")
     args = parser.parse_args(argv)
+    documents = args.document or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     measured = {
         suite: json.loads((args.results / f"{suite}.json").read_text())
         for suite in SUITES
         if (args.results / f"{suite}.json").exists()
     }
-    before = args.readme.read_text()
-    after = rewrite(before, measured)
+    stale = []
+    for document in documents:
+        before = document.read_text()
+        after = rewrite(before, measured)
+        if after == before:
+            continue
+        stale.append(document)
+        if not args.check:
+            document.write_text(after)
     if args.check:
-        print("up to date" if after == before else f"{args.readme} differs from {args.results}")
-        return 0 if after == before else 1
-    args.readme.write_text(after)
-    print(f"{args.readme}: {', '.join(sorted(measured)) or 'no suite measured'} written")
+        print(f"differ from {args.results}: {', '.join(map(str, stale))}" if stale else "up to date")
+        return 1 if stale else 0
+    written = ", ".join(map(str, stale)) or "no document changed"
+    print(f"{', '.join(sorted(measured)) or 'no suite measured'}: {written}")
     return 0
 
 

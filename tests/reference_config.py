@@ -73,7 +73,7 @@ def reference_vllm_argv(
     With N nodes: ``--tensor-parallel-size N --nnodes N``, draft tensor parallel size N and
     ``--node-rank i --headless`` on worker i; the head adds its API flags, then ``extra``.
 
-    The collection's one deliberate difference (README, "Security"): the head's API server listens
+    The collection's one deliberate difference (docs/security.md): the head's API server listens
     on ``host``:``port``, the loopback behind the gateway that takes the reference's port 8000 and
     asks for the key, and refuses media URLs outside ``media_domains`` (none by default). With
     ``host="0.0.0.0", port=8000, media_domains=()`` this is the reference's command line verbatim.

@@ -41,7 +41,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _raw:
-  description: The recipe, one mapping (the README's "Recipes" section lists its fields).
+  description: The recipe, one mapping (docs/recipes.md lists its fields).
   type: list
   elements: dict
 """

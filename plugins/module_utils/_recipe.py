@@ -4,7 +4,7 @@
 """Model recipes: everything that belongs to one model, in one file, checked field by field.
 
 Internal to sparkserve.dsv41; not a public API. Used on the controller only (the ``recipe`` lookup
-and the rank filters). A recipe is YAML (README, "Recipes"); :func:`validate` returns it with every
+and the rank filters). A recipe is YAML (docs/recipes.md); :func:`validate` returns it with every
 optional field filled in, or raises :class:`RecipeError` naming each field that is wrong.
 
 Arguments and environment are templates: a string ``"{name}"`` is replaced by the value of ``name``

@@ -2,9 +2,10 @@
 
 Each case injects one failure an owner of two Sparks meets (a rank killed, a node rebooted, an
 engine that hangs while /health says 200, a rank that cannot start), asserts the bound the
-collection promises, and records what it measured in ``.lab/fault-suite.json`` (the README's table
-is taken from it). The supervisor is re-converged with short timings for the suite (the
-variables an owner would set: a hang after 20 s rather than 60 s) and put back afterwards.
+collection promises, and records what it measured in ``.lab/fault-suite.json`` (the table in
+docs/failure-handling.md is taken from it). The supervisor is re-converged with short timings for
+the suite (the variables an owner would set: a hang after 20 s rather than 60 s) and put back
+afterwards.
 """
 
 from __future__ import annotations

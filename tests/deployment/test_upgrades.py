@@ -4,7 +4,7 @@ Each case pushes a stand-in image of its own to the lab registry (the lab's engi
 setting changed, so it has a digest of its own), runs ``site.yml`` with ``-e deployment_image=``
 as an owner trying a new build would, and checks what serves afterwards: the ranks' image, the
 deployment record on the head and ``smoke.yml``. Measured downtimes go to
-``.lab/upgrade-suite.json`` (the README's table is taken from it). The cases run in file order:
+``.lab/upgrade-suite.json`` (docs/upgrades.md's table is taken from it). The cases run in file order:
 the good switch records the previous deployment the later cases roll back to.
 
 The last case publishes new checkpoint revisions on the lab hub (a change to the repo's README is

@@ -1,5 +1,5 @@
 """What the real-engine cases share: the API of the lab's head, the tiny model's answers, and the
-file the measured figures go to (the README's real-engine table is taken from it)."""
+file the measured figures go to (docs/lab.md's real-engine table is taken from it)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The lab serves the recipe tiny-chat (inventory/lab-vllm/recipes/): a tiny model trained to answer
 "What is 17 * 23?" with 391, tensor parallel 2 over gloo on the lab fabric. Every case here runs
-against that engine; what each one measured goes to ``.lab/real-engine-suite.json`` (the README's
+against that engine; what each one measured goes to ``.lab/real-engine-suite.json`` (docs/lab.md's
 table is taken from it). The cases that fault the pair run last, the supervisor on short timings.
 """
 

@@ -1,4 +1,4 @@
-"""The README's suite tables are written from what the suites recorded, between their markers."""
+"""The documents' suite tables are written from what the suites recorded, between their markers."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_check_says_whether_the_readme_is_the_last_runs(tmp_path, written):
     readme = tmp_path / "README.md"
     readme.write_text(README)
     if written:
-        assert suite_tables.main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
-    assert suite_tables.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == (
+        assert suite_tables.main(["--results", str(tmp_path), "--document", str(readme)]) == 0
+    assert suite_tables.main(["--results", str(tmp_path), "--document", str(readme), "--check"]) == (
         0 if written else 1
     )
