@@ -216,7 +216,7 @@ def _check_templates(check: _Checker, field: str, value: Any, known: set[str]) -
             check.fail(
                 field,
                 "names {api_port}: the engine listens behind the API gateway now; write"
-                ' --host "{engine_host}" --port "{engine_port}" in serve.head_args',
+                f" {_ENGINE_ADDRESS_WORDS} in serve.head_args",
             )
             continue
         check.fail(field, f"names {{{name}}}, which is neither a setting of the recipe nor a fact of the run")
@@ -239,7 +239,8 @@ def _check_args(check: _Checker, field: str, value: Any, known: set[str]) -> lis
 
 # The collection owns these arguments: the head's API server listens only where the gateway reaches it,
 # and media URLs are refused unless rank_allowed_media_domains names their hosts.
-ENGINE_ADDRESS_ARGS = ("--host", "{engine_host}", "--port", "{engine_port}")
+ENGINE_ADDRESS = {"--host": "{engine_host}", "--port": "{engine_port}"}
+_ENGINE_ADDRESS_WORDS = " ".join(f'{flag} "{value}"' for flag, value in ENGINE_ADDRESS.items())
 COLLECTION_ARGS = ("--allowed-media-domains",)
 
 
@@ -252,11 +253,11 @@ def _check_engine_address(check: _Checker, serve: Mapping[str, list[Any]]) -> No
                     f"{item.split('=', 1)[0]} is set by the collection (rank_allowed_media_domains)",
                 )
     head = [item for item in serve["head_args"] if isinstance(item, str)]
-    pairs = {head[i]: head[i + 1] for i in range(len(head) - 1) if head[i] in ("--host", "--port")}
-    if pairs.get("--host") != "{engine_host}" or pairs.get("--port") != "{engine_port}":
+    pairs = {head[i]: head[i + 1] for i in range(len(head) - 1) if head[i] in ENGINE_ADDRESS}
+    if pairs != ENGINE_ADDRESS:
         check.fail(
             "serve.head_args",
-            'must hold --host "{engine_host}" --port "{engine_port}": the API server listens on the head'
+            f"must hold {_ENGINE_ADDRESS_WORDS}: the API server listens on the head"
             " only, behind the gateway that asks every path but /health for the key",
         )
 
