@@ -154,7 +154,10 @@ def docker_ok(*args: str) -> bool:
 # --- the machine's own Docker engine -------------------------------------------------------
 
 
-def apt_install(*packages: str, recommends: bool = True) -> None:
+POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+def apt_install(*packages: str, recommends: bool = True, start_services: bool = True) -> None:
     missing = [
         p
         for p in packages
@@ -168,7 +171,17 @@ def apt_install(*packages: str, recommends: bool = True) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], env=env)
     extra = [] if recommends else ["--no-install-recommends"]
-    run(["apt-get", "install", "-y", "-qq", *extra, *missing], env=env)
+    # A package's own service (Debian's prometheus.service on every interface) is not the lab's:
+    # policy-rc.d's "101" keeps it from starting, as Debian's container images do.
+    blocked = not start_services and not POLICY_RC_D.exists()
+    if blocked:
+        POLICY_RC_D.write_text("#!/bin/sh\n# sparkserve lab: no service starts while it installs\nexit 101\n")
+        POLICY_RC_D.chmod(0o755)
+    try:
+        run(["apt-get", "install", "-y", "-qq", *extra, *missing], env=env)
+    finally:
+        if blocked:
+            POLICY_RC_D.unlink()
 
 
 # What this machine needs to reach the nodes the way a controller does (SSH), and what the unit
@@ -463,7 +476,7 @@ def prometheus_config(head_address: str, nodes: list[str]) -> dict:
 
 
 def start_prometheus(nodes: list[Node]) -> None:
-    apt_install("prometheus", recommends=False)  # not its node exporter
+    apt_install("prometheus", recommends=False, start_services=False)  # not its node exporter
     PROMETHEUS_DIR.mkdir(parents=True, exist_ok=True)
     config = PROMETHEUS_DIR / "prometheus.yml"
     # JSON is YAML; Prometheus reads the key file at every scrape, so it may come later.

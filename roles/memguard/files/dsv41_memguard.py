@@ -34,8 +34,16 @@ from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
-import dsv41_memguard_metrics as guard_metrics  # installed beside this program
 import dsv41_nofollow as nofollow  # installed beside this program
+
+# The metrics need prometheus_client (python3-prometheus-client); guarding never does.
+try:
+    import dsv41_memguard_metrics as guard_metrics  # installed beside this program
+except ImportError as missing:
+    guard_metrics = None
+    METRICS_UNAVAILABLE: str | None = f"{missing}; install python3-prometheus-client"
+else:
+    METRICS_UNAVAILABLE = None
 
 GIB = 1024**3
 MIB = 1024**2
@@ -344,7 +352,8 @@ class Guard:
         s = self.settings
         try:
             self.metrics.serve(s.metrics_address, s.metrics_port)
-        except OSError as exc:
+        # Whatever the endpoint's failure, the guard goes on guarding (a bind error is an OSError).
+        except Exception as exc:
             self.metrics_bind_at = now + METRICS_BIND_RETRY_SECONDS
             message = f"metrics on {s.metrics_address}:{s.metrics_port}: {exc}; trying again every"
             message += f" {METRICS_BIND_RETRY_SECONDS:g} s"
@@ -536,6 +545,16 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     )
 
 
+def build_metrics(settings: Settings, log: RotatingLog) -> guard_metrics.GuardMetrics | None:
+    """The guard's metrics when an endpoint is asked for and the library is there; else None, said once."""
+    if not settings.metrics_port:
+        return None
+    if guard_metrics is None:
+        log.write("error", f"no metrics endpoint: {METRICS_UNAVAILABLE}")
+        return None
+    return guard_metrics.GuardMetrics(floor=settings.floor, sysfs_root=settings.sysfs_root)
+
+
 def _raise_stop(signum: int, _frame: FrameType | None) -> None:
     raise StopRequested(signum)
 
@@ -556,9 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_meminfo=settings.meminfo.read_text,
         run=run_command,
         monotonic=time.monotonic,
-        metrics=None
-        if args.once
-        else guard_metrics.GuardMetrics(floor=settings.floor, sysfs_root=settings.sysfs_root),
+        metrics=None if args.once else build_metrics(settings, log),
     )
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

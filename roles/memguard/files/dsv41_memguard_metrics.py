@@ -20,7 +20,13 @@ from prometheus_client.registry import Collector
 PORT_DATA_WORD_BYTES = 4
 # Port counters exported as they are (the RoCE ports' errors an owner looks for first).
 PORT_ERROR_COUNTERS = ("port_rcv_errors", "port_xmit_discards", "link_downed", "symbol_error")
-NETDEV_COUNTERS = ("rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
+# The netdev's statistics: (metric, help, {direction: file under statistics/}).
+NETDEV_COUNTERS = (
+    ("dsv41_fabric_netdev_bytes", "Bytes over the RDMA port's netdev", "bytes"),
+    ("dsv41_fabric_netdev_errors", "Errors on the RDMA port's netdev", "errors"),
+    ("dsv41_fabric_netdev_dropped", "Packets the RDMA port's netdev dropped", "dropped"),
+)
+DIRECTIONS = (("receive", "rx"), ("transmit", "tx"))
 
 
 def _read(path: Path) -> str | None:
@@ -57,11 +63,10 @@ def fabric_families(sysfs_root: Path) -> list[GaugeMetricFamily | CounterMetricF
         "1 while the RDMA port's netdev is up with carrier",
         labels=["netdev"],
     )
-    netdev = CounterMetricFamily(
-        "dsv41_fabric_netdev",
-        "The RDMA port's netdev statistics (bytes, errors and drops each way)",
-        labels=["netdev", "counter"],
-    )
+    netdev = [
+        (CounterMetricFamily(name, text, labels=["netdev", "direction"]), suffix)
+        for name, text, suffix in NETDEV_COUNTERS
+    ]
     infiniband = sysfs_root / "class" / "infiniband"
     netdevs_seen: set[str] = set()
     devices = sorted(infiniband.iterdir()) if infiniband.is_dir() else []
@@ -86,11 +91,12 @@ def fabric_families(sysfs_root: Path) -> list[GaugeMetricFamily | CounterMetricF
             net = sysfs_root / "class" / "net" / name
             up = _read(net / "operstate") == "up" and _read(net / "carrier") == "1"
             link.add_metric([name], 1.0 if up else 0.0)
-            for counter in NETDEV_COUNTERS:
-                value = _integer(net / "statistics" / counter)
-                if value is not None:
-                    netdev.add_metric([name, counter], float(value))
-    return [active, data, errors, link, netdev]
+            for family, suffix in netdev:
+                for direction, prefix in DIRECTIONS:
+                    value = _integer(net / "statistics" / f"{prefix}_{suffix}")
+                    if value is not None:
+                        family.add_metric([name, direction], float(value))
+    return [active, data, errors, link, *(family for family, _suffix in netdev)]
 
 
 class FabricCollector(Collector):

@@ -61,7 +61,15 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 import dsv41_nofollow as nofollow  # installed beside this program
-import dsv41_supervisor_metrics as supervisor_metrics  # installed beside this program
+
+# The metrics need prometheus_client (python3-prometheus-client); supervising never does.
+try:
+    import dsv41_supervisor_metrics as supervisor_metrics  # installed beside this program
+except ImportError as missing:
+    supervisor_metrics = None
+    METRICS_UNAVAILABLE: str | None = f"{missing}; install python3-prometheus-client"
+else:
+    METRICS_UNAVAILABLE = None
 
 GIB = 1024**3
 MIB = 1024**2
@@ -1571,14 +1579,16 @@ class Supervisor:
 
     def restart_group(self, decision: Decision, memory: Memory) -> Memory:
         self.write_state(dataclasses.replace(memory, state=State.RESTARTING, reason=decision.reason))
-        if self.metrics is not None:  # a backoff's or a wait's end restarts for the fault that began it
-            cause = decision.cause or memory.cause
-            self.metrics.restarted(cause.value if cause is not None else "unknown")
+        if self.metrics is not None:
+            self.metrics.set_state(State.RESTARTING.value)
         ok, failure, starts_began, yielded = self.run_steps(restart_plan(self.settings, kill=decision.kill))
         now = self.clock()
         last_action = (now, Action.RESTART.value, decision.reason)
         if yielded:
             return self.yield_to_run(memory, yielded, last_action)
+        if self.metrics is not None:  # a backoff's or a wait's end restarts for the fault that began it
+            cause = decision.cause or memory.cause
+            self.metrics.restarted(cause.value if cause is not None else "unknown")
         if not ok:
             # A node that stopped answering mid-restart (a reboot) is waited for, not counted.
             gone = unreachable_nodes(self.collect_ranks())
@@ -1595,6 +1605,8 @@ class Supervisor:
                 )
             )
             self.log_decision(failed)
+            if self.metrics is not None and failed.cause is not None:
+                self.metrics.fault(failed.cause.value)
             # needs_adoption off: a first look that failed to start the group must back off too.
             return dataclasses.replace(
                 self.enter(memory, failed, now), needs_adoption=False, last_action=last_action
@@ -1774,6 +1786,20 @@ def load_config_file(path: str) -> Settings:
     return load_settings(doc)
 
 
+def build_metrics(settings: Settings, log: RotatingLog) -> supervisor_metrics.SupervisorMetrics | None:
+    """The supervisor's metrics when an endpoint is asked for and the library is there; else None."""
+    if not settings.metrics_port:
+        return None
+    if supervisor_metrics is None:
+        log.write("error", f"no metrics endpoint: {METRICS_UNAVAILABLE}")
+        return None
+    return supervisor_metrics.SupervisorMetrics(
+        states=[state.value for state in State],
+        causes=[cause.value for cause in Cause],
+        acceptance_record=settings.state_dir / supervisor_metrics.ACCEPTANCE_RECORD,
+    )
+
+
 def _raise_stop(signum: int, _frame: FrameType | None) -> None:
     raise StopRequested(signum)
 
@@ -1791,22 +1817,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # keep supervising; the log falls back to stdout and stderr
         sys.stderr.write(f"dsv41_supervisor: cannot create {settings.state_dir}: {exc}\n")
     log = RotatingLog(settings.state_dir / LOG_NAME, settings.log_max_bytes, settings.log_backups, time.time)
-    metrics = supervisor_metrics.SupervisorMetrics(
-        states=[state.value for state in State],
-        causes=[cause.value for cause in Cause],
-        acceptance_record=settings.state_dir / supervisor_metrics.ACCEPTANCE_RECORD,
-    )
+    metrics = None if args.once else build_metrics(settings, log)
     supervisor = Supervisor(
         settings, log, run=run_command, http=http_request, clock=time.time, metrics=metrics
     )
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         log.write("start", settings.describe() + (" once" if args.once else ""))
-        if settings.metrics_port and not args.once:
+        if metrics is not None:
             try:
                 metrics.serve(settings.metrics_address, settings.metrics_port)
             except OSError as exc:  # supervising matters more than its metrics: say so and go on
-                log.write("error", f"metrics on {settings.metrics_address}:{settings.metrics_port}: {exc}")
+                log.write(
+                    "error",
+                    f"no metrics endpoint on {settings.metrics_address}:{settings.metrics_port}: {exc}"
+                    " (until the supervisor restarts)",
+                )
         if args.once:
             supervisor.step()
         else:

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 ACCEPTANCE_RECORD = "fabric-acceptance.json"  # the fabric_acceptance module's, in the state directory
 VERDICTS = ("pass", "warn", "fail")
+GB = 1e9  # the acceptance record's GB/s are nccl-tests' (decimal)
 
 
 def acceptance_families(record: Any) -> list[GaugeMetricFamily]:
@@ -37,16 +38,20 @@ def acceptance_families(record: Any) -> list[GaugeMetricFamily]:
         verdict.add_metric([name], 1.0 if last["verdict"] == name else 0.0)
     families = [verdict]
     for name, entry, text in (
-        ("dsv41_fabric_acceptance_busbw_gbps", last, "the last fabric acceptance test"),
-        ("dsv41_fabric_acceptance_last_good_busbw_gbps", record.get("last_good"), "the last passed one"),
+        ("dsv41_fabric_acceptance_bus_bandwidth_bytes_per_second", last, "the last fabric acceptance test"),
+        (
+            "dsv41_fabric_acceptance_last_good_bus_bandwidth_bytes_per_second",
+            record.get("last_good"),
+            "the last passed one",
+        ),
     ):
         figure = entry.get("figure") if isinstance(entry, dict) else None
         if isinstance(figure, dict) and isinstance(figure.get("busbw_gbps"), (int, float)):
             families.append(
                 GaugeMetricFamily(
                     name,
-                    f"Lowest bus bandwidth (GB/s) at the largest size of {text}",
-                    value=float(figure["busbw_gbps"]),
+                    f"Lowest bus bandwidth at the largest size of {text} (the record's GB/s, in bytes/s)",
+                    value=float(figure["busbw_gbps"]) * GB,
                 )
             )
     try:
@@ -118,9 +123,12 @@ class SupervisorMetrics:
             self.restarts.labels(cause)
         self.registry.register(AcceptanceCollector(lambda: nofollow.read_text(acceptance_record)))
 
-    def observe(self, state: str, ranks: Sequence[tuple[str, int, bool]], attempts: int) -> None:
+    def set_state(self, state: str) -> None:
         for name in self.states:
             self.state.labels(name).set(1 if name == state else 0)
+
+    def observe(self, state: str, ranks: Sequence[tuple[str, int, bool]], attempts: int) -> None:
+        self.set_state(state)
         for node, rank, running in ranks:
             self.rank_up.labels(node, str(rank)).set(1 if running else 0)
         self.attempts.set(attempts)

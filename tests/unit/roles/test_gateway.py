@@ -224,3 +224,10 @@ def test_the_supervisors_and_guards_metrics_answer_only_the_key_each_from_its_ow
             assert (reached["path"], reached["authorization"]) == ("/metrics", None)
             # A node the inventory does not have is the engine's path, which needs the key too.
             assert ask(url + "/metrics/memguard/spark-z") == 401
+        # A Prometheus source let in without the key gets vLLM's /metrics, not the pair's.
+        with gateway(
+            tmp_path, __rank_metrics_backends=backends, rank_api_metrics_sources=["127.0.0.1"]
+        ) as url:
+            assert ask(url + "/metrics") == 200
+            assert ask(url + "/metrics/supervisor") == 401
+            assert ask(url + "/metrics/memguard/spark-b") == 401

@@ -735,8 +735,10 @@ def test_fabric_metrics_read_every_port_and_its_netdev_at_each_scrape(spark_sysf
     assert _sample(registry, "dsv41_fabric_port_errors_total", **port, counter="symbol_error") is None
     assert _sample(registry, "dsv41_fabric_netdev_up", netdev="enp1s0f1np1") == 1
     assert _sample(registry, "dsv41_fabric_netdev_up", netdev="enp1s0f0np0") == 0
-    assert _sample(registry, "dsv41_fabric_netdev_total", netdev="enp1s0f1np1", counter="rx_bytes") == 123456
-    assert _sample(registry, "dsv41_fabric_netdev_total", netdev="enp1s0f1np1", counter="tx_errors") == 3
+    netdev = {"netdev": "enp1s0f1np1"}
+    assert _sample(registry, "dsv41_fabric_netdev_bytes_total", **netdev, direction="receive") == 123456
+    assert _sample(registry, "dsv41_fabric_netdev_errors_total", **netdev, direction="transmit") == 3
+    assert _sample(registry, "dsv41_fabric_netdev_bytes_total", **netdev, direction="transmit") is None
     # Read again at the next scrape: a link that went down shows at once.
     (spark_sysfs / "class/infiniband/rocep1s0f1/ports/1/state").write_text("1: DOWN\n")
     (spark_sysfs / "class/net/enp1s0f1np1/carrier").write_text("0\n")
@@ -746,7 +748,27 @@ def test_fabric_metrics_read_every_port_and_its_netdev_at_each_scrape(spark_sysf
 
 def test_fabric_metrics_of_a_node_without_rdma_are_empty(tmp_path: Path) -> None:
     families = guard_metrics.fabric_families(tmp_path / "no-sysfs")
-    assert [family.samples for family in families] == [[], [], [], [], []]
+    assert [family.samples for family in families] == [[], [], [], [], [], [], []]
+
+
+def test_without_prometheus_client_the_guard_guards_and_says_why(
+    harness: Harness, docker: FakeDocker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mg, "guard_metrics", None)
+    monkeypatch.setattr(mg, "METRICS_UNAVAILABLE", "No module named 'prometheus_client'; install it")
+    guard = harness.guard("--metrics-address", "192.168.100.13", "--metrics-port", "9642")
+    assert mg.build_metrics(guard.settings, guard.log) is None
+    assert harness.log_lines("error")[-1].endswith(
+        "no metrics endpoint: No module named 'prometheus_client'; install it"
+    )
+    harness.run([0.5])
+    assert docker.kills() == [["dsv41-r0", "dsv41-r1"]]
+
+
+def test_no_metrics_object_without_an_endpoint(harness: Harness) -> None:
+    guard = harness.guard()
+    assert mg.build_metrics(guard.settings, guard.log) is None
+    assert harness.log_lines("error") == []
 
 
 def test_metrics_show_memavailable_the_floor_and_each_kill(harness: Harness, tmp_path: Path) -> None:

@@ -2695,8 +2695,8 @@ ACCEPTED = {
                 ("dsv41_fabric_acceptance_verdict", "warn"): 1,
                 ("dsv41_fabric_acceptance_verdict", "pass"): 0,
                 ("dsv41_fabric_acceptance_verdict", "fail"): 0,
-                ("dsv41_fabric_acceptance_busbw_gbps", None): 18.5,
-                ("dsv41_fabric_acceptance_last_good_busbw_gbps", None): 23.7,
+                ("dsv41_fabric_acceptance_bus_bandwidth_bytes_per_second", None): 18.5e9,
+                ("dsv41_fabric_acceptance_last_good_bus_bandwidth_bytes_per_second", None): 23.7e9,
                 ("dsv41_fabric_acceptance_timestamp_seconds", None): 1796551200,
             },
             id="warn-after-a-pass",
@@ -2727,13 +2727,14 @@ def test_the_acceptance_record_is_read_at_each_scrape_and_never_through_a_link(
     h: Harness, tmp_path: Path
 ) -> None:
     registry = with_metrics(h)
-    assert registry.get_sample_value("dsv41_fabric_acceptance_busbw_gbps") is None  # no run yet
+    name = "dsv41_fabric_acceptance_bus_bandwidth_bytes_per_second"
+    assert registry.get_sample_value(name) is None  # no run yet
     (h.state_dir / "fabric-acceptance.json").write_text(json.dumps(ACCEPTED))
-    assert registry.get_sample_value("dsv41_fabric_acceptance_busbw_gbps") == 18.5
+    assert registry.get_sample_value(name) == 18.5e9
     (h.state_dir / "fabric-acceptance.json").unlink()
     (tmp_path / "elsewhere.json").write_text(json.dumps(ACCEPTED))
     (h.state_dir / "fabric-acceptance.json").symlink_to(tmp_path / "elsewhere.json")
-    assert registry.get_sample_value("dsv41_fabric_acceptance_busbw_gbps") is None
+    assert registry.get_sample_value(name) is None
 
 
 @pytest.mark.parametrize(
@@ -2747,3 +2748,66 @@ def test_the_acceptance_record_is_read_at_each_scrape_and_never_through_a_link(
 def test_metrics_settings_are_checked(tmp_path: Path, overrides: dict, message: str) -> None:
     with pytest.raises(sup.ConfigError, match=message):
         sup.load_settings(config_doc(tmp_path, tmp_path / "key", 2, **overrides))
+
+
+def test_a_failed_restart_is_a_fault_of_its_own_and_the_restart_after_its_backoff_counts_under_it(
+    h: Harness,
+) -> None:
+    registry = with_metrics(h)
+    h.adopt_healthy()
+    h.worker.fail = {"start"}  # the restart the lost rank causes fails
+    h.worker.die(137)
+    h.tick()
+    assert h.sup.memory.state is sup.State.BACKOFF, h.log_lines("decision")
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "rank_lost"}) == 1
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "restart_failed"}) == 1
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "rank_lost"}) == 1
+    h.worker.fail = set()
+    h.until(lambda: h.sup.memory.state is sup.State.HEALTHY)
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "restart_failed"}) == 1
+
+
+def test_the_state_reads_restarting_while_the_restart_steps_run(h: Harness) -> None:
+    registry = with_metrics(h)
+    h.adopt_healthy()
+    seen = []
+    run = h.sup.run
+
+    def watching(argv, timeout):
+        seen.append(registry.get_sample_value("dsv41_group_state", {"state": "restarting"}))
+        return run(argv, timeout)
+
+    h.sup.run = watching
+    h.worker.die(137)
+    h.tick()
+    assert 1 in seen
+    assert registry.get_sample_value("dsv41_group_state", {"state": "restarting"}) == 0
+
+
+def test_a_restart_that_yields_to_a_deployment_run_is_not_counted(h: Harness) -> None:
+    registry = with_metrics(h)
+    h.adopt_healthy()
+    h.worker.die(137)
+    run = h.sup.run
+
+    def lock_taken_at_first_step(argv, timeout):
+        if argv[-1] in ("stop", "kill"):
+            (h.state_dir / "deployment.lock").write_text("{}")
+        return run(argv, timeout)
+
+    h.sup.run = lock_taken_at_first_step
+    h.tick()
+    assert h.sup.memory.state is sup.State.PAUSED, h.log_lines("decision")
+    assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "rank_lost"}) == 0
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "rank_lost"}) == 1
+
+
+def test_without_prometheus_client_the_supervisor_supervises_and_says_why(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sup, "supervisor_metrics", None)
+    monkeypatch.setattr(sup, "METRICS_UNAVAILABLE", "No module named 'prometheus_client'; install it")
+    assert sup.build_metrics(dataclasses.replace(h.settings, metrics_port=9641), h.sup.log) is None
+    assert h.log_lines("error")[-1].endswith(
+        "no metrics endpoint: No module named 'prometheus_client'; install it"
+    )
