@@ -57,7 +57,8 @@ def test_prometheus_reads_the_pair_the_fabric_and_the_engine(scraped, key):
     assert {s["metric"]["node"] for s in headroom} == {"head", "worker"}
     assert all(float(s["value"][1]) > 0 for s in headroom), headroom
     # The fabric test of the first start (or the fabric cases') on record.
-    assert prometheus("dsv41_fabric_acceptance_last_good_bus_bandwidth_bytes_per_second > 0"), "no passed fabric test"
+    passed = prometheus("dsv41_fabric_acceptance_last_good_bus_bandwidth_bytes_per_second > 0")
+    assert passed, "no passed fabric test"
     assert prometheus('vllm:generation_tokens_total{model_name="tiny-chat"} > 0'), "no generated tokens"
 
 
