@@ -190,3 +190,45 @@ def test_the_table_has_nccl_tests_columns():
         "wrong",
     ]
     assert lines[-1].split() == ["all_gather", "67108864", "93071.3", "0.721", "0.361", "0"]
+
+
+# --- the NCCL path, captured on one H100 (fixtures/fabric_check/README.md) ------------------
+
+
+def test_an_nccl_interface_the_node_does_not_have_fails_naming_it_and_nccls_own_words():
+    nodes = [
+        acceptance.parse_node_output(
+            "head", _run((FIXTURES / "nccl-unknown-interface-rank0.stdout").read_text(), rc=2)
+        ),
+        acceptance.parse_node_output(
+            "worker", _run((FIXTURES / "nccl-unknown-interface-rank1.stdout").read_text(), rc=2)
+        ),
+    ]
+    result = acceptance.judge(nodes, link=LINK, min_busbw_gbps=18, warn_drop_percent=20, last_good=None)
+    assert result["verdict"] == "fail" and result["figure"] is None
+    assert result["msg"].startswith(f"The fabric test failed on {LINK}: head: DistBackendError:")
+    assert (
+        "Last error: Bootstrap : no socket interface found (fabric settings: NCCL_SOCKET_IFNAME=enp1s0f1np1)"
+        in (result["msg"])
+    )
+
+
+def test_torchs_cpp_backtrace_is_cut_from_a_failure_the_owner_reads():
+    captured = json.loads((FIXTURES / "nccl-unknown-interface-rank1.stdout").read_text().splitlines()[-1])[
+        "error"
+    ]
+    raw = captured.removeprefix("DistBackendError: ").rsplit(" (fabric settings:", 1)[0]
+    assert "frame #0" in raw  # as the program wrote it before the cut
+    message = check.describe_failure(RuntimeError(raw), {"NCCL_SOCKET_IFNAME": "enp1s0f1np1"})
+    assert "frame #" not in message and "Exception raised from" not in message
+    assert message.startswith("RuntimeError: ")
+    assert "store->get('0') got error: Failed to recv" in message
+    assert message.endswith("(fabric settings: NCCL_SOCKET_IFNAME=enp1s0f1np1)")
+
+
+def test_two_ranks_on_one_gpu_fail_with_nccls_duplicate_gpu_words():
+    node = acceptance.parse_node_output(
+        "head", _run((FIXTURES / "nccl-duplicate-gpu.stdout").read_text(), rc=2)
+    )
+    assert not node["ok"]
+    assert "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device" in node["error"]
