@@ -383,12 +383,11 @@ def test_resolve_headers_and_ranges(hub_server, hub_checkpoint):
         first = len(data) - len(expected) if spec == "bytes=-7" else int(spec[6:].split("-")[0])
         assert headers["Content-Range"] == f"bytes {first}-{first + len(expected) - 1}/{len(data)}"
     assert http(url, headers={"Range": f"bytes={len(data)}-"})[0] == 416
-    assert [r["range"] for r in log.records(mark)] == [
-        "bytes=1000-",
-        "bytes=10-19",
-        "bytes=-7",
-        f"bytes={len(data)}-",
-    ]
+    # Each request is logged by its own handler thread once its answer is sent: the lines of requests
+    # sent one after the other may land in either order (seen in CI), so the set is what counts.
+    assert sorted(r["range"] for r in log.records(mark)) == sorted(
+        ["bytes=1000-", "bytes=10-19", "bytes=-7", f"bytes={len(data)}-"]
+    )
 
     config = (repo / "config.json").read_bytes()
     status, headers, body = http(f"{server.url}/{REPO_ID}/resolve/main/config.json")
