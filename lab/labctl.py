@@ -58,6 +58,15 @@ WHEELS_PORT = 5081
 PROMETHEUS_PORT = 9390
 PROMETHEUS_DIR = STATE / "prometheus"
 PROMETHEUS_KEY_FILE = PROMETHEUS_DIR / "api_key"  # the tests write the deployment's key here
+# The registry's storage is a cache, as Docker's image store is: it outlives `down` (and a fresh
+# clone), so the real engine's 2.6 GB image is not pushed again by every `up --vllm`. Each `up`
+# still pushes, and the nodes pull by the digest that push returns.
+REGISTRY_STORAGE = Path(
+    os.environ.get(
+        "SPARKSERVE_LAB_REGISTRY",
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkserve-lab" / "registry",
+    )
+)
 API_PORT = 8000  # the inventories' deployment_api_port
 HUB_REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
 # The real engine's lab serves this tiny model (lab/vllm/make_tiny_model.py), trained when it is built.
@@ -351,13 +360,14 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
 
 def start_registry() -> None:
     apt_install("docker-registry")
+    REGISTRY_STORAGE.mkdir(parents=True, exist_ok=True)
     config = STATE / "registry.yml"
     config.write_text(
         json.dumps(
             {
                 "version": 0.1,
                 "storage": {
-                    "filesystem": {"rootdirectory": str(STATE / "registry")},
+                    "filesystem": {"rootdirectory": str(REGISTRY_STORAGE)},
                     "delete": {"enabled": True},
                 },
                 "http": {"addr": f"{ALL_INTERFACES}:{REGISTRY_PORT}"},
@@ -867,7 +877,7 @@ def down(_args: argparse.Namespace) -> None:
         "engine-digest",
         "vllm-engine-digest",
         "nodes.json",
-        "registry",
+        "registry",  # where the registry's storage was before it became a cache (REGISTRY_STORAGE)
         "prometheus",
     ):
         path = STATE / transient
