@@ -237,6 +237,12 @@ def health_table(report: dict[str, Any]) -> str:
         if deployments.get("last_failed"):
             lines.append(f"last failed switch: {describe(deployments['last_failed'])}")
     lines += [f"host stack: {change}" for change in report.get("host_stack_changes", [])]
+    versions = ((report.get("deployments") or {}).get("current") or {}).get("image_versions") or {}
+    if versions:
+        named = ", ".join(
+            f"{name} {versions[name] or 'none'}" for name in ("torch", "cuda", "nccl") if name in versions
+        )
+        lines.append(f"image: {named} (as the fabric test read them in the serving image)")
     supervisor = report["supervisor"]
     if isinstance(supervisor, dict):
         last = supervisor.get("last_action") or {}

@@ -224,10 +224,12 @@ def committed(
     downtime_seconds: float | None,
     now: float,
     host_stack: dict[str, Any] | None = None,
+    image_versions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record once ``target`` (``{image, revision, recipe}``) serves and passed its smoke checks,
     with each node's host stack (kernel, driver, NIC firmware) when given: what status.yml compares
-    the nodes with later. Committing what is current already changes nothing (a re-run)."""
+    the nodes with later; and the image's torch, CUDA and NCCL versions (as the fabric test read
+    them in it) when given. Committing what is current already changes nothing (a re-run)."""
     current = record["current"]
     if stranded(record) is not None:  # the ranks run what passed now, not what the failure left
         record = {
@@ -246,6 +248,8 @@ def committed(
     }
     if host_stack:
         entry["host_stack"] = host_stack
+    if image_versions:
+        entry["image_versions"] = image_versions
     return {**record, "current": entry, "previous": current if current is not None else record["previous"]}
 
 

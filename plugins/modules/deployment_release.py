@@ -93,6 +93,12 @@ options:
         C(nic_firmware)), kept with the deployment that serves now; M(sparkserve.dsv41.node_facts)
         reads it. C(status.yml) shows what changed since.
     type: dict
+  image_versions:
+    description:
+      - With O(state=committed) - the serving image's C(torch), C(cuda) and C(nccl) versions, as the
+        fabric test read them inside it (the rank role's C(rank_image_versions)), kept with the
+        deployment that serves now. C(status.yml) shows them.
+    type: dict
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -209,6 +215,7 @@ def main() -> None:
             "reason": {"type": "str"},
             "left_serving": {"type": "bool", "default": False},
             "host_stack": {"type": "dict"},
+            "image_versions": {"type": "dict"},
         },
         required_if=[("state", "committed", ["smoke"]), ("state", "failed", ["reason"])],
         supports_check_mode=True,
@@ -237,6 +244,7 @@ def main() -> None:
                 downtime_seconds=params["downtime_seconds"],
                 now=now,
                 host_stack=params["host_stack"],
+                image_versions=params["image_versions"],
             )
             msg = f"serving {describe(after['current'])}; previous: {describe(after['previous'])}"
         else:

@@ -272,3 +272,14 @@ def _when_text(epoch: float) -> str:
     from ansible_collections.sparkserve.dsv41.plugins.module_utils._health import _when
 
     return _when(epoch)
+
+
+def test_the_image_versions_recorded_with_the_deployment_are_shown():
+    versions = {"torch": "2.13.0+cpu", "cuda": None, "nccl": None}
+    record = {"current": {"image": "i", "time": NOW - 3600, "image_versions": versions}}
+    lines = health_table(verdict(deployments=record)).splitlines()
+    assert (
+        "image: torch 2.13.0+cpu, cuda none, nccl none (as the fabric test read them in the serving image)"
+        in lines
+    )
+    assert not [line for line in health_table(verdict()).splitlines() if line.startswith("image: ")]

@@ -374,3 +374,15 @@ def test_a_commit_keeps_each_nodes_host_stack_and_a_rerun_changes_nothing():
     assert again == record
     plain = rel.committed(empty, target, smoke="passed", downtime_seconds=None, now=NOW)
     assert "host_stack" not in plain["current"]
+
+
+def test_a_commit_keeps_the_images_versions_when_given():
+    versions = {"torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9"}
+    target = {"image": "registry/engine@sha256:" + "c" * 64, "revision": "", "recipe": "deepseek-v4.1-flash"}
+    empty = rel.parse_record(None, "deployments.json")
+    record = rel.committed(
+        empty, target, smoke="passed", downtime_seconds=None, now=NOW, image_versions=versions
+    )
+    assert record["current"]["image_versions"] == versions
+    plain = rel.committed(empty, target, smoke="passed", downtime_seconds=None, now=NOW, image_versions={})
+    assert "image_versions" not in plain["current"]
