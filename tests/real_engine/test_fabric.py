@@ -102,6 +102,11 @@ def test_the_deployment_record_keeps_each_nodes_host_stack_and_status_shows_what
     kernel = lab.ssh("worker", "cat /proc/sys/kernel/osrelease").stdout.strip()
     stacks = record["current"]["host_stack"]
     assert set(stacks) == {"head", "worker"} and stacks["worker"]["kernel"] == kernel, stacks
+    # The serving image's stack as the fabric test read it inside the image: vLLM's CPU build.
+    accepted = json.loads(lab.ssh("head", f"cat {STATE_DIR}/fabric-acceptance.json").stdout)["last_good"]
+    image = record["current"]["image_versions"]
+    assert image == {key: accepted["report"][key] for key in ("torch", "cuda", "nccl")}, (image, accepted)
+    assert image["torch"].endswith("+cpu") and image["cuda"] is None and image["nccl"] is None, image
     # As if the worker had run another kernel when the deployment was recorded.
     stacks["worker"]["kernel"] = "6.17.0-1014-nvidia"
     lab.ssh(
@@ -120,5 +125,8 @@ def test_the_deployment_record_keeps_each_nodes_host_stack_and_status_shows_what
     assert run.returncode == 0, run.stdout[-3000:]
     text = " ".join(run.stdout.split())
     assert f"host stack: worker: kernel 6.17.0-1014-nvidia -> {kernel} since the deployment of" in text, (
+        run.stdout[-3000:]
+    )
+    assert f"image: torch {image['torch']}, cuda none, nccl none (as the fabric test read them" in text, (
         run.stdout[-3000:]
     )
