@@ -50,11 +50,9 @@ options:
       - When this file appears the watch ends with what it saw so far.
       - One left by an earlier watch is removed when the watch starts.
     type: path
-  progress_file:
-    description: The collection's progress document (C(unit) C(probes)), for M(sparkserve.dsv41.job_wait).
-    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - sparkserve.dsv41.progress
 attributes:
   check_mode:
     support: none
@@ -65,6 +63,8 @@ attributes:
 seealso:
   - module: sparkserve.dsv41.deployment_release
   - module: sparkserve.dsv41.job_wait
+notes:
+  - The progress document (O(progress_file)) counts C(probes).
 """
 
 EXAMPLES = r"""

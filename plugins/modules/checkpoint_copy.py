@@ -65,16 +65,9 @@ options:
     type: list
     elements: str
     default: []
-  progress_file:
-    description:
-      - When set, the collection's progress document is written there atomically, at most every 2
-        seconds - C({what, phase, unit, done, total, started, updated, detail}), C(unit) C(bytes),
-        C(done) the bytes rsync sent so far, C(total) null, C(detail) the file at hand - and ends with
-        C(phase) C(done) or C(failed).
-      - Not written in check mode.
-    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - sparkserve.dsv41.progress
 attributes:
   check_mode:
     support: full
@@ -92,6 +85,9 @@ seealso:
   - name: rsync manual
     description: C(--itemize-changes), C(--info=progress2) and the remote shell quoting rules.
     link: https://download.samba.org/pub/rsync/rsync.1
+notes:
+  - The progress document (O(progress_file)) counts C(bytes) - C(done) the bytes rsync sent so far,
+    C(total) null, C(detail) the file at hand.
 """
 
 EXAMPLES = r"""

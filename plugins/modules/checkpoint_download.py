@@ -43,19 +43,6 @@ options:
     description: The directory to download into; created when missing.
     type: path
     required: true
-  token_file:
-    description:
-      - A file holding the hub token (for a private or gated repo). The token is read from it on
-        the node, so that it is never a module argument, a command-line argument or an environment
-        variable, and it is masked in anything the module returns.
-      - Absent or empty file, or not set - no token.
-    type: path
-  endpoint:
-    description:
-      - The hub's URL. Empty - C(HF_ENDPOINT) from the environment, else C(https://huggingface.co).
-      - Other C(HF_*) variables (C(HF_HUB_DISABLE_XET), a proxy) come from the task's environment.
-    type: str
-    default: ""
   workers:
     description: Files downloaded at the same time.
     type: int
@@ -84,15 +71,10 @@ options:
         whose parts are not needed. Defaults to C(<model_dir>/.cache/sparkserve/verified.json), that
         module's default.
     type: path
-  progress_file:
-    description:
-      - When set, the collection's progress document is written there atomically, at most every 2
-        seconds - C({what, phase, unit, done, total, started, updated, detail}), C(unit) C(bytes),
-        C(done) and C(total) the bytes this run fetches - and ends with C(phase) C(done) or C(failed).
-      - Not written in check mode.
-    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - sparkserve.dsv41.progress
+  - sparkserve.dsv41.hub
 attributes:
   check_mode:
     support: full
@@ -102,6 +84,8 @@ attributes:
   platform:
     platforms: posix
 notes:
+  - The progress document (O(progress_file)) counts C(bytes) - C(done) and C(total) the bytes this
+    run fetches.
   - When the hub cannot list the repo (offline, a refused token) but O(model_dir) already holds the
     files, C(huggingface_hub) keeps them and the module succeeds with a warning in RV(msg) and
     RV(listing_error).

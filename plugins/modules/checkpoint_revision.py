@@ -87,13 +87,6 @@ options:
   recipe:
     description: The recipe this run deploys; the recorded revision is kept only when it was deployed with it.
     type: str
-  token_file:
-    description: A file holding the hub token; read on the node, never a module argument.
-    type: path
-  endpoint:
-    description: The hub's URL. Empty - C(HF_ENDPOINT) from the environment, else C(https://huggingface.co).
-    type: str
-    default: ""
   adopt_as:
     description:
       - The commit a checkpoint of the single-directory layout is adopted as when C(huggingface_hub)'s
@@ -131,6 +124,8 @@ options:
         count, and the role fetches and verifies again.
     type: dict
     default: {}
+extends_documentation_fragment:
+  - sparkserve.dsv41.hub
 notes:
   - Check mode resolves the revision (a read-only question to the hub) and changes nothing.
 seealso:

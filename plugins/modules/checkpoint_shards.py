@@ -79,16 +79,6 @@ options:
     type: list
     elements: path
     default: []
-  progress_file:
-    description:
-      - When set, the collection's progress document is written there atomically at most every 2
-        seconds while data is read - C({what, phase, unit, done, total, started, updated, detail}),
-        C(unit) C(bytes), C(done) and C(total) the bytes this run reads, C(detail) the file at hand -
-        so that a role running this module with C(async) can show its progress
-        (M(sparkserve.dsv41.job_wait)). C(started) and C(updated) are seconds since the epoch;
-        C(phase) ends as C(done) or C(failed).
-      - Not written in check mode.
-    type: path
   verify_exl3:
     description:
       - Check the EXL3 layout under C(<model_dir>/exl3/) - every bank of O(exl3_banks) exists and
@@ -131,6 +121,7 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - sparkserve.dsv41.progress
 attributes:
   check_mode:
     support: full
@@ -141,6 +132,8 @@ attributes:
   platform:
     platforms: posix
 notes:
+  - The progress document (O(progress_file)) counts C(bytes) - C(done) and C(total) the bytes this
+    run reads, C(detail) the file at hand.
   - Check mode reads no file data - hashing 462 GB is not a dry run - and writes or deletes
     nothing. It reports the planned actions (C(would_verify), C(would_rebuild)) and trusts files
     exactly as a real run would; RV(changed) is true when a real run would rebuild, delete, discard
