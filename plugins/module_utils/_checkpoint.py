@@ -22,7 +22,7 @@ prepared by another tool (upstream ``download.sh``) after hashing them, and chan
 else (:func:`plan_adoption`, :func:`execute_adoption`, :func:`describe_adoption`).
 
 For the download and the copy: :func:`trusted_files` (the shards whose parts need not be
-fetched again) and :func:`space_report` (room for a checkpoint on a node). Progress goes to the
+fetched again); the room for a checkpoint on a node is ``_space``'s. Progress goes to the
 collection's one progress document (``_progress``).
 """
 
@@ -50,6 +50,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._file_helpers imp
     write_atomically,
 )
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import ProgressWriter, human_bytes
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._space import free_bytes
 
 try:  # ctypes is stdlib, but some minimal Python builds ship without it.
     import ctypes
@@ -58,7 +59,6 @@ except ImportError:  # pragma: no cover - depends on the Python build
 
 # 16 MiB: large enough that syscall and GIL overhead vanish and hashlib releases the GIL
 # (it does above 2 KiB), small enough that a few workers stay far from memory pressure.
-GIB = 1024**3
 CHUNK_SIZE = 16 * 1024 * 1024
 TEMP_SUFFIX = ".sparkserve-tmp"
 STATE_VERSION = 1
@@ -155,64 +155,6 @@ def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomically(None, path, data, mode)
-
-
-def free_bytes(path: str) -> int:
-    """Bytes an unprivileged writer may still use on the filesystem holding ``path``."""
-    info = os.statvfs(path)
-    return info.f_bavail * info.f_frsize
-
-
-def nearest_existing(path: str) -> str:
-    """``path`` itself when it exists, else its nearest existing parent."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
-
-
-def tree_bytes(root: str) -> int:
-    """Bytes of the regular files under ``root`` (symlinks not followed); 0 when absent."""
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            with contextlib.suppress(OSError):
-                info = os.lstat(os.path.join(dirpath, name))
-                if stat.S_ISREG(info.st_mode):
-                    total += info.st_size
-    return total
-
-
-def space_report(path: str) -> dict[str, Any]:
-    """Room for a checkpoint in ``path`` (which may not exist yet), from metadata only.
-
-    ``free_bytes`` on the filesystem that holds ``path`` (measured at ``measured_at``, its nearest
-    existing parent) and ``present_bytes``, what ``path`` already holds.
-    """
-    existing = nearest_existing(path)
-    return {
-        "path": os.path.abspath(path),
-        "measured_at": existing,
-        "free_bytes": free_bytes(existing),
-        "present_bytes": tree_bytes(path) if os.path.isdir(path) else 0,
-    }
-
-
-def space_shortfall(report: dict[str, Any], need_gib: float, variable: str) -> str | None:
-    """Why ``report`` (of :func:`space_report`) has no room for a checkpoint of ``need_gib`` GiB, set
-    by ``variable``; None when it has. What is already there counts towards the checkpoint."""
-    missing = max(0.0, need_gib * GIB - report["present_bytes"])
-    if report["free_bytes"] >= missing:
-        return None
-    return (
-        f"{report['measured_at']} has {report['free_bytes'] / GIB:.1f} GiB free, but the checkpoint in "
-        f"{report['path']} needs {need_gib:g} GiB ({report['present_bytes'] / GIB:.1f} GiB of it already "
-        f"there), so {missing / GIB:.1f} GiB more. Free some space, point the model directory at a "
-        f"larger disk, or lower {variable}."
-    )
 
 
 def _open_read(path: str):

@@ -249,7 +249,6 @@ msg:
 import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import tree_bytes
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._download import (
     DownloadError,
     HubClient,
@@ -279,6 +278,7 @@ from ansible_collections.sparkserve.dsv41.plugins.module_utils._revisions import
     revisions_dir,
     write_seal,
 )
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._space import tree_bytes
 
 
 def _present(module: AnsibleModule, root: str) -> dict:

@@ -81,7 +81,7 @@ present_bytes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import (
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._space import (
     space_report,
     space_shortfall,
 )

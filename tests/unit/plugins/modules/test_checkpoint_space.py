@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import GIB, space_shortfall
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._space import GIB, space_shortfall
 from ansible_collections.sparkserve.dsv41.plugins.modules import checkpoint_space
 from dir_snapshot import snapshot
 
