@@ -19,13 +19,11 @@ so the unit tests run without docker, root or real memory pressure.
 from __future__ import annotations
 
 import argparse
-import datetime
 import enum
 import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
-import dsv41_nofollow as nofollow  # installed beside this program
+import dsv41_node as shared  # installed beside this program
+from dsv41_node import CommandResult, RotatingLog, run_command
 
 # The metrics need prometheus_client (python3-prometheus-client); guarding never does.
 try:
@@ -73,14 +72,6 @@ class ProcessRss(NamedTuple):
     rss_bytes: int
     comm: str
     cmdline: str
-
-
-class CommandResult(NamedTuple):
-    """Outcome of one docker CLI call; failures to run at all are folded in (124 timeout, 127 OSError)."""
-
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 Runner = Callable[[Sequence[str], float], CommandResult]
@@ -192,27 +183,13 @@ def format_gib(n_bytes: float) -> str:
     return f"{n_bytes / GIB:.2f} GiB"
 
 
-def _one_line(text: str, limit: int | None = None) -> str:
-    """Keep a log entry on one line whatever a process put in its comm or argv."""
-    clean = "".join(ch if ch.isprintable() else "?" for ch in text)
-    if limit is not None and len(clean) > limit:
-        clean = clean[: limit - 3] + "..."
-    return clean
-
-
-def format_line(when: float, event: str, message: str) -> str:
-    """One log line: local ISO-8601 timestamp with offset, event word, message."""
-    stamp = datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="milliseconds")
-    return f"{stamp} {event} {_one_line(message)}\n"
-
-
 def format_trace(mem_available: int, processes: Sequence[ProcessRss]) -> list[str]:
     """Messages of one trace event: a header, then one message per process."""
     messages = [f"MemAvailable={format_gib(mem_available)}; top {len(processes)} processes by RSS"]
     for rank, proc in enumerate(processes, 1):
         messages.append(
-            f"#{rank} rss={proc.rss_bytes / MIB:.0f} MiB pid={proc.pid} comm={_one_line(proc.comm)}"
-            f" cmdline={_one_line(proc.cmdline, CMDLINE_MAX_CHARS)}"
+            f"#{rank} rss={proc.rss_bytes / MIB:.0f} MiB pid={proc.pid} comm={shared.one_line(proc.comm)}"
+            f" cmdline={shared.one_line(proc.cmdline, CMDLINE_MAX_CHARS)}"
         )
     return messages
 
@@ -230,55 +207,6 @@ def matching_containers(ps_output: str, prefix: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # Side effects: log, docker, loop
 # --------------------------------------------------------------------------------------------
-
-
-class RotatingLog:
-    """Append-only log with size-based rotation (log -> log.1 -> ... -> log.<backups>).
-
-    Opened per write: events are rare (start, kills, errors, one trace per ``trace_every``), and
-    reopening survives an operator deleting or moving the file. A failed write goes to stderr
-    (the journal) instead of raising: losing a log line must never stop the guard.
-    """
-
-    def __init__(self, path: Path, max_bytes: int, backups: int, clock: Callable[[], float]) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.backups = backups
-        self.clock = clock
-
-    def write(self, event: str, message: str) -> None:
-        self.write_lines(event, [message])
-
-    def write_lines(self, event: str, messages: Sequence[str]) -> None:
-        """Write one event as one or more lines, all with the same timestamp."""
-        when = self.clock()
-        data = "".join(format_line(when, event, message) for message in messages).encode()
-        try:
-            self._rotate_if_needed(len(data))
-            nofollow.append(self.path, data)
-        except OSError as exc:
-            sys.stderr.write(f"memguard: cannot write {self.path}: {exc}\n")
-            sys.stderr.buffer.write(data)
-            sys.stderr.flush()
-
-    def _rotate_if_needed(self, incoming: int) -> None:
-        size = nofollow.size(self.path)
-        if size is None or size == 0 or size + incoming <= self.max_bytes:
-            return
-        nofollow.rotate(self.path, self.backups)
-
-
-def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
-    """Run an argv list (never a shell) with a timeout; a hung docker daemon must not hang us."""
-    try:
-        done = subprocess.run(  # noqa: S603 - argv list, no shell
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return CommandResult(124, "", f"timed out after {timeout:g}s")
-    except OSError as exc:
-        return CommandResult(127, "", str(exc))
-    return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
 @dataclass(frozen=True)
@@ -391,7 +319,7 @@ class Guard:
         argv = [self.settings.docker, *args]
         result = self.run(argv, self.settings.docker_timeout)
         if result.returncode != 0:
-            detail = _one_line(result.stderr.strip() or result.stdout.strip() or "(no output)")
+            detail = shared.one_line(result.stderr.strip() or result.stdout.strip() or "(no output)")
             self.log.write("error", f"{' '.join(argv)} failed (rc={result.returncode}): {detail}")
             return None
         return result
@@ -425,14 +353,9 @@ class Guard:
         if path is None:
             return
         try:
-            write_atomically(path, f"{self.wall():.3f}\n")
+            shared.write_atomically(path, f"{self.wall():.3f}\n")
         except OSError as exc:
             self.log.write("error", f"cannot record the kill in {path}: {exc}")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` through a temporary file beside it: a reader sees all or nothing."""
-    nofollow.write_atomically(path, text)
 
 
 def run_loop(
@@ -568,7 +491,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.log.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # keep guarding; RotatingLog falls back to stderr
         sys.stderr.write(f"memguard: cannot create {settings.log.parent}: {exc}\n")
-    log = RotatingLog(settings.log, settings.log_max_bytes, settings.log_backups, time.time)
+    log = RotatingLog(
+        settings.log, settings.log_max_bytes, settings.log_backups, time.time, program="memguard"
+    )
     guard = Guard(
         settings,
         log,

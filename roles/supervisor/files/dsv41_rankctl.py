@@ -37,7 +37,6 @@ import math
 import os
 import re
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import dsv41_nofollow as nofollow  # installed beside this program
+import dsv41_node as shared  # installed beside this program
+from dsv41_node import CommandResult, run_command
 
 VERBS = ("status", "start", "stop", "kill")
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
@@ -79,15 +79,6 @@ EXITED_STATES = frozenset({"exited", "dead", "restarting"})
 
 CONFIG_KEYS = {"container", "state_dir", "docker", "meminfo", "boot_id", "fabric_ifname", "sysfs_net"}
 KILL_RECORD_NAME = "memguard-last-kill"
-
-
-class CommandResult(NamedTuple):
-    """Outcome of one docker CLI call; failures to run at all are folded in (124 timeout, 127 OSError)."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
 
 Runner = Callable[[Sequence[str], float], CommandResult]
 
@@ -317,32 +308,14 @@ def status_document(
     return doc
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    clean = " ".join(text.split())
-    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
-
-
 def docker_failure(what: str, result: CommandResult) -> str:
-    detail = _one_line(result.stderr or result.stdout or "(no output)")
+    detail = shared.one_line(result.stderr or result.stdout or "(no output)", 300)
     return f"{what} failed (rc={result.returncode}): {detail}"
 
 
 # --------------------------------------------------------------------------------------------
 # Side effects: files, docker, verbs
 # --------------------------------------------------------------------------------------------
-
-
-def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
-    """Run an argv list (never a shell) with a timeout; a hung docker daemon must not hang us."""
-    try:
-        done = subprocess.run(  # noqa: S603 - argv list, no shell
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return CommandResult(124, "", f"timed out after {timeout:g}s")
-    except OSError as exc:
-        return CommandResult(127, "", str(exc))
-    return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
 def read_boot_id(path: Path) -> str | None:
@@ -363,7 +336,7 @@ def read_kill_record(path: Path) -> float | None:
     """The memory guard's last kill, None when it never killed. A record that cannot be parsed
     still says a kill happened, so its mtime stands in for the time rather than hiding it."""
     try:
-        text = nofollow.read_text(path)  # run as root on the head: never through a planted link
+        text = shared.read_text(path)  # run as root on the head: never through a planted link
     except OSError:  # absent (the guard never killed here), unreadable, or a link
         return None
     try:

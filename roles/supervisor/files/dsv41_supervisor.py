@@ -48,7 +48,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -60,7 +59,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-import dsv41_nofollow as nofollow  # installed beside this program
+import dsv41_node as shared  # installed beside this program
+from dsv41_node import CommandResult, RotatingLog, run_command
 
 # The metrics need prometheus_client (python3-prometheus-client); supervising never does.
 try:
@@ -171,14 +171,6 @@ class LockStatus(enum.Enum):
     NONE = "none"
     HELD = "held"
     STALE = "stale"
-
-
-class CommandResult(NamedTuple):
-    """Outcome of one rankctl call; failures to run at all are folded in (124 timeout, 127 OSError)."""
-
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 class HttpResult(NamedTuple):
@@ -591,14 +583,6 @@ def load_settings(doc: Any) -> Settings:
 # --------------------------------------------------------------------------------------------
 
 
-def _one_line(text: str, limit: int | None = DETAIL_MAX_CHARS) -> str:
-    """Keep a log entry on one line whatever a remote command or server put in it."""
-    clean = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
-    if limit is not None and len(clean) > limit:
-        clean = clean[: limit - 3] + "..."
-    return clean
-
-
 def format_gib(n_bytes: float) -> str:
     return f"{n_bytes / GIB:.2f} GiB"
 
@@ -693,8 +677,8 @@ def parse_fabric(value: Any) -> Fabric | None:
         return None
     operstate = value.get("operstate")
     return Fabric(
-        ifname=_one_line(value["ifname"], 40),
-        operstate=_one_line(operstate, 40) if isinstance(operstate, str) and operstate else "unknown",
+        ifname=shared.one_line(value["ifname"], 40),
+        operstate=shared.one_line(operstate, 40) if isinstance(operstate, str) and operstate else "unknown",
         carrier=_optional(value.get("carrier"), int),
         up=value.get("up") is True,
     )
@@ -714,7 +698,10 @@ def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
     if not isinstance(doc, dict) or not isinstance(doc.get("state"), str):
         why = result.stderr.strip() or result.stdout.strip() or "no output"
         return RankStatus(
-            node.name, node.rank, UNREACHABLE, detail=_one_line(f"rc={result.returncode}: {why}")
+            node.name,
+            node.rank,
+            UNREACHABLE,
+            detail=shared.one_line(f"rc={result.returncode}: {why}", DETAIL_MAX_CHARS),
         )
     return RankStatus(
         node=node.name,
@@ -728,7 +715,7 @@ def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
         boot_id=_optional(doc.get("boot_id"), str),
         mem_available=_optional(doc.get("mem_available_bytes"), int),
         memguard_last_kill=_optional(doc.get("memguard_last_kill"), float),
-        detail=_one_line(str(doc.get("error", ""))),
+        detail=shared.one_line(str(doc.get("error", "")), DETAIL_MAX_CHARS),
         fabric=parse_fabric(doc.get("fabric")),
     )
 
@@ -741,10 +728,10 @@ def parse_action_result(result: CommandResult) -> tuple[bool, str]:
     except json.JSONDecodeError:
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("ok"), bool):
-        detail = _one_line(str(doc.get("detail", "")))
+        detail = shared.one_line(str(doc.get("detail", "")), DETAIL_MAX_CHARS)
         return (doc["ok"] and result.returncode == 0), detail
     why = result.stderr.strip() or result.stdout.strip() or "no output"
-    return False, _one_line(f"rc={result.returncode}: {why}")
+    return False, shared.one_line(f"rc={result.returncode}: {why}", DETAIL_MAX_CHARS)
 
 
 def classify_probe(result: HttpResult) -> tuple[Probe, str]:
@@ -755,8 +742,8 @@ def classify_probe(result: HttpResult) -> tuple[Probe, str]:
     if result.status == 401:
         return Probe.INCONCLUSIVE, "HTTP 401: the key file does not match the server's key"
     if result.status is None:
-        return Probe.FAILED, _one_line(result.error or "no answer")
-    body = _one_line(result.body, 160)
+        return Probe.FAILED, shared.one_line(result.error or "no answer", DETAIL_MAX_CHARS)
+    body = shared.one_line(result.body, 160)
     return Probe.FAILED, f"HTTP {result.status}" + (f": {body}" if body else "")
 
 
@@ -1365,64 +1352,6 @@ def state_document(
 # Side effects: log, files, rankctl, HTTP
 # --------------------------------------------------------------------------------------------
 
-
-def format_line(when: float, event: str, message: str) -> str:
-    """One log line: local ISO-8601 timestamp with offset, event word, message."""
-    stamp = datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="milliseconds")
-    return f"{stamp} {event} {_one_line(message, None)}\n"
-
-
-class RotatingLog:
-    """Append-only log with size-based rotation (log -> log.1 -> ... -> log.<backups>), each line
-    also on stdout for the journal. Opened per write: reopening survives an operator moving the
-    file, and a failed write goes to stderr instead of raising (a lost line must not stop us)."""
-
-    def __init__(
-        self, path: Path, max_bytes: int, backups: int, clock: Callable[[], float], echo: bool = True
-    ) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.backups = backups
-        self.clock = clock
-        self.echo = echo
-
-    def write(self, event: str, message: str) -> None:
-        line = format_line(self.clock(), event, message)
-        if self.echo:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        data = line.encode()
-        try:
-            self._rotate_if_needed(len(data))
-            nofollow.append(self.path, data)
-        except OSError as exc:
-            sys.stderr.write(f"supervisor: cannot write {self.path}: {exc}\n")
-
-    def _rotate_if_needed(self, incoming: int) -> None:
-        size = nofollow.size(self.path)
-        if size is None or size == 0 or size + incoming <= self.max_bytes:
-            return
-        nofollow.rotate(self.path, self.backups)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` through a temporary file beside it: a reader sees all or nothing."""
-    nofollow.write_atomically(path, text)
-
-
-def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
-    """Run an argv list (never a shell) with a timeout: an unreachable node must not hang the loop."""
-    try:
-        done = subprocess.run(  # noqa: S603 - argv list from the root-owned config, no shell
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        return CommandResult(124, "", f"timed out after {timeout:g}s")
-    except OSError as exc:
-        return CommandResult(127, "", str(exc))
-    return CommandResult(done.returncode, done.stdout, done.stderr)
-
-
 # No proxy: the API is on this host, and a proxy from the environment must never see the key.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -1448,7 +1377,7 @@ def http_request(
 
 def read_api_key(path: Path) -> str:
     """The key, read at each use (site.yml may rotate it); ValueError when there is none."""
-    key = nofollow.read_text(path).strip()  # never a root-only file a link names, sent as a header
+    key = shared.read_text(path).strip()  # never a root-only file a link names, sent as a header
     if not key:
         raise ValueError(f"{path} is empty")
     return key
@@ -1495,7 +1424,7 @@ class Supervisor:
 
     def get_health(self) -> tuple[int | None, str]:
         reply = self.http("GET", f"{self.settings.api_url}/health", {}, None, self.settings.http_timeout)
-        return reply.status, _one_line(reply.error)
+        return reply.status, shared.one_line(reply.error, DETAIL_MAX_CHARS)
 
     def get_metrics(self) -> Metrics:
         reply = self.http("GET", f"{self.settings.api_url}/metrics", {}, None, self.settings.http_timeout)
@@ -1507,7 +1436,9 @@ class Supervisor:
             key = read_api_key(s.api_key_file)
         except (OSError, ValueError) as exc:
             return ProbeResult(
-                self.clock(), Probe.INCONCLUSIVE, _one_line(f"no probe: cannot read the key: {exc}")
+                self.clock(),
+                Probe.INCONCLUSIVE,
+                shared.one_line(f"no probe: cannot read the key: {exc}", DETAIL_MAX_CHARS),
             )
         payload = {
             "model": s.model,
@@ -1726,7 +1657,7 @@ class Supervisor:
     def write_state(self, memory: Memory) -> None:
         doc = state_document(memory, self.last_obs, self.clock(), os.getpid(), self.settings.hang)
         try:
-            write_atomically(self.settings.state_dir / STATE_NAME, json.dumps(doc, indent=1) + "\n")
+            shared.write_atomically(self.settings.state_dir / STATE_NAME, json.dumps(doc, indent=1) + "\n")
         except OSError as exc:
             message = f"cannot write {self.settings.state_dir / STATE_NAME}: {exc}"
             if message != self._state_error:  # once per distinct problem, not every tick
@@ -1816,7 +1747,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # keep supervising; the log falls back to stdout and stderr
         sys.stderr.write(f"dsv41_supervisor: cannot create {settings.state_dir}: {exc}\n")
-    log = RotatingLog(settings.state_dir / LOG_NAME, settings.log_max_bytes, settings.log_backups, time.time)
+    log = RotatingLog(
+        settings.state_dir / LOG_NAME,
+        settings.log_max_bytes,
+        settings.log_backups,
+        time.time,
+        program="supervisor",
+        echo=True,
+    )
     metrics = None if args.once else build_metrics(settings, log)
     supervisor = Supervisor(
         settings, log, run=run_command, http=http_request, clock=time.time, metrics=metrics

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import dsv41_nofollow as nofollow  # installed beside this program
+import dsv41_node as shared  # installed beside this program
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -121,7 +121,7 @@ class SupervisorMetrics:
         for cause in causes:
             self.faults.labels(cause)
             self.restarts.labels(cause)
-        self.registry.register(AcceptanceCollector(lambda: nofollow.read_text(acceptance_record)))
+        self.registry.register(AcceptanceCollector(lambda: shared.read_text(acceptance_record)))
 
     def set_state(self, state: str) -> None:
         for name in self.states:

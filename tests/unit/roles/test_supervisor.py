@@ -2462,7 +2462,7 @@ def test_state_is_restarting_while_the_steps_run(h: Harness) -> None:
 
 def test_log_lines_go_to_stdout_and_rotate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     clock = FakeClock()
-    log = sup.RotatingLog(tmp_path / "supervisor.log", 600, 2, clock.time)
+    log = sup.RotatingLog(tmp_path / "supervisor.log", 600, 2, clock.time, echo=True)
     for index in range(40):
         log.write("decision", f"line {index:02d}\nwith a newline " + "x" * 20)
     out = capsys.readouterr().out

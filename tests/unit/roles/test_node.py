@@ -1,4 +1,5 @@
-"""The node programs' file access in the deployment user's state directory: never through a link.
+"""dsv41_node.py, the node programs' shared module: their file access in the deployment user's
+state directory (never through a link), their log line and their commands.
 
 Run as root (as CI runs), the directories stand in for the deployment user's are given to another
 user, as on a node; a link in a directory only root may change (``/home`` -> ``/var/home``) is
@@ -6,11 +7,12 @@ followed."""
 
 from __future__ import annotations
 
+import datetime
 import errno
 import os
 from pathlib import Path
 
-import dsv41_nofollow as nofollow
+import dsv41_node as shared
 import pytest
 
 NOBODY = 65534
@@ -36,17 +38,17 @@ def secret(tmp_path: Path) -> Path:
 
 
 def test_appending_creates_then_appends(state: Path) -> None:
-    nofollow.append(state / "x.log", b"one\n")
-    nofollow.append(state / "x.log", b"two\n")
+    shared.append(state / "x.log", b"one\n")
+    shared.append(state / "x.log", b"two\n")
     assert (state / "x.log").read_text() == "one\ntwo\n"
-    assert nofollow.size(state / "x.log") == 8
-    assert nofollow.size(state / "absent.log") is None
+    assert shared.size(state / "x.log") == 8
+    assert shared.size(state / "absent.log") is None
 
 
 def test_a_link_planted_at_a_log_is_never_appended_through(state: Path, secret: Path) -> None:
     (state / "x.log").symlink_to(secret)
     with pytest.raises(OSError) as raised:
-        nofollow.append(state / "x.log", b"owned\n")
+        shared.append(state / "x.log", b"owned\n")
     assert raised.value.errno == errno.ELOOP
     assert secret.read_text() == "root's secret\n"
 
@@ -57,8 +59,8 @@ def test_a_link_in_place_of_the_state_directory_is_never_followed(tmp_path: Path
     state.rmdir()
     state.symlink_to(elsewhere)
     for write in (
-        lambda: nofollow.append(state / "x.log", b"owned\n"),
-        lambda: nofollow.write_atomically(state / "state.json", "{}"),
+        lambda: shared.append(state / "x.log", b"owned\n"),
+        lambda: shared.write_atomically(state / "state.json", "{}"),
     ):
         with pytest.raises(OSError):
             write()
@@ -73,13 +75,13 @@ def test_a_link_in_a_directory_only_root_may_change_is_followed(tmp_path: Path) 
     trusted = tmp_path / "root-owned"
     trusted.mkdir(mode=0o755)
     (trusted / "home").symlink_to(real)
-    nofollow.append(trusted / "home" / "x.log", b"ok\n")
+    shared.append(trusted / "home" / "x.log", b"ok\n")
     assert (real / "x.log").read_text() == "ok\n"
 
 
 def test_writing_atomically_replaces_a_planted_link_and_leaves_its_target(state: Path, secret: Path) -> None:
     (state / "state.json").symlink_to(secret)
-    nofollow.write_atomically(state / "state.json", '{"state": "healthy"}\n')
+    shared.write_atomically(state / "state.json", '{"state": "healthy"}\n')
     assert not (state / "state.json").is_symlink()
     assert (state / "state.json").read_text() == '{"state": "healthy"}\n'
     assert secret.read_text() == "root's secret\n"
@@ -89,7 +91,7 @@ def test_writing_atomically_replaces_a_planted_link_and_leaves_its_target(state:
 def test_the_temporary_file_has_a_name_no_one_could_prepare(state: Path, secret: Path) -> None:
     """The old fixed name (.state.json.tmp) planted as a link is neither used nor followed."""
     (state / ".state.json.tmp").symlink_to(secret)
-    nofollow.write_atomically(state / "state.json", "{}\n")
+    shared.write_atomically(state / "state.json", "{}\n")
     assert secret.read_text() == "root's secret\n"
     assert (state / "state.json").read_text() == "{}\n"
 
@@ -99,12 +101,12 @@ def test_rotation_renames_over_planted_links_and_never_writes_their_targets(
 ) -> None:
     (state / "x.log").write_text("newest\n")
     (state / "x.log.1").symlink_to(secret)
-    nofollow.rotate(state / "x.log", backups=2)
+    shared.rotate(state / "x.log", backups=2)
     assert (state / "x.log.1").read_text() == "newest\n"
     assert (state / "x.log.2").is_symlink(), "the planted link was moved along, never written"
     assert secret.read_text() == "root's secret\n"
-    nofollow.append(state / "x.log", b"next\n")
-    nofollow.rotate(state / "x.log", backups=0)
+    shared.append(state / "x.log", b"next\n")
+    shared.rotate(state / "x.log", backups=0)
     assert not (state / "x.log").exists()
 
 
@@ -115,9 +117,43 @@ def test_reading_refuses_a_link_or_a_fifo(state: Path, secret: Path, planted: st
     else:
         os.mkfifo(state / "api_key")
     with pytest.raises(OSError):
-        nofollow.read_text(state / "api_key")
+        shared.read_text(state / "api_key")
 
 
 def test_reading_a_regular_file(state: Path) -> None:
     (state / "api_key").write_text("k-123\n")
-    assert nofollow.read_text(state / "api_key") == "k-123\n"
+    assert shared.read_text(state / "api_key") == "k-123\n"
+
+
+# --- the log line all node programs write ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        pytest.param("a\nb\tc", "a b c", id="newline-and-tab"),
+        pytest.param("  spaced   out\r\n", "spaced out", id="runs-of-whitespace"),
+        pytest.param("bell\x07 and\x00nul", "bell and nul", id="unprintable"),
+    ],
+)
+def test_format_line_is_one_timestamped_line(message: str, expected: str) -> None:
+    line = shared.format_line(1_760_000_000.25, "kill", message)
+    assert line.endswith("\n") and line.count("\n") == 1
+    stamp, event, text = line.rstrip("\n").split(" ", 2)
+    parsed = datetime.datetime.fromisoformat(stamp)
+    assert parsed.tzinfo is not None
+    assert parsed.timestamp() == 1_760_000_000.25
+    assert (event, text) == ("kill", expected)
+
+
+def test_one_line_cuts_at_the_limit() -> None:
+    assert shared.one_line("x" * 50, 10) == "x" * 7 + "..."
+    assert shared.one_line("x" * 10, 10) == "x" * 10
+
+
+def test_run_command_folds_a_timeout_and_a_missing_program_in(tmp_path: Path) -> None:
+    assert shared.run_command(["sleep", "5"], 0.2) == shared.CommandResult(124, "", "timed out after 0.2s")
+    missing = shared.run_command([str(tmp_path / "absent")], 1)
+    assert missing.returncode == 127 and "absent" in missing.stderr
+    # No input: a command that reads stdin gets EOF at once, not the program's own stdin.
+    assert shared.run_command(["cat"], 5) == shared.CommandResult(0, "", "")

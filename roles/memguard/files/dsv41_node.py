@@ -1,0 +1,1 @@
+../../supervisor/files/dsv41_node.py

@@ -1,1 +1,0 @@
-../../supervisor/files/dsv41_nofollow.py
