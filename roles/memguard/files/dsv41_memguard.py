@@ -29,11 +29,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, RotatingLog, run_command
+from dsv41_node import CommandResult, RotatingLog, StopRequested, run_command
 
 # The metrics need prometheus_client (python3-prometheus-client); guarding never does.
 try:
@@ -75,15 +74,6 @@ class ProcessRss(NamedTuple):
 
 
 Runner = Callable[[Sequence[str], float], CommandResult]
-
-
-class StopRequested(Exception):
-    """Raised from the SIGTERM/SIGINT handler to leave the loop wherever it is, even mid-sleep."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
 
 # --------------------------------------------------------------------------------------------
 # Pure functions
@@ -358,23 +348,6 @@ class Guard:
             self.log.write("error", f"cannot record the kill in {path}: {exc}")
 
 
-def run_loop(
-    guard: Guard,
-    *,
-    interval: float,
-    sleep: Callable[[float], None],
-    monotonic: Callable[[], float],
-    iterations: int | None = None,
-) -> None:
-    """Sample every ``interval`` seconds (step time included) until stopped or ``iterations`` ran."""
-    done = 0
-    while iterations is None or done < iterations:
-        started = monotonic()
-        guard.step()
-        done += 1
-        sleep(max(0.0, interval - (monotonic() - started)))
-
-
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
@@ -478,10 +451,6 @@ def build_metrics(settings: Settings, log: RotatingLog) -> guard_metrics.GuardMe
     return guard_metrics.GuardMetrics(floor=settings.floor, sysfs_root=settings.sysfs_root)
 
 
-def _raise_stop(signum: int, _frame: FrameType | None) -> None:
-    raise StopRequested(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Guard until SIGTERM/SIGINT (exit 0); with --once, exit 1 if MemAvailable was unreadable."""
     parser = build_parser()
@@ -502,18 +471,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         monotonic=time.monotonic,
         metrics=None if args.once else build_metrics(settings, log),
     )
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        log.write("start", settings.describe() + (" once" if args.once else ""))
-        if args.once:
-            return 0 if guard.step() else 1
-        run_loop(guard, interval=settings.interval, sleep=time.sleep, monotonic=time.monotonic)
-    except StopRequested as stop:
-        log.write("stop", f"{signal.Signals(stop.signum).name} received, exiting")
-        return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with shared.stop_on_signals():
+        try:
+            log.write("start", settings.describe() + (" once" if args.once else ""))
+            if args.once:
+                return 0 if guard.step() else 1
+            shared.run_loop(guard.step, interval=settings.interval, sleep=time.sleep, clock=time.monotonic)
+        except StopRequested as stop:
+            log.write("stop", f"{signal.Signals(stop.signum).name} received, exiting")
     return 0
 
 

@@ -20,11 +20,13 @@ import contextlib
 import datetime
 import os
 import secrets
+import signal
 import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import NamedTuple
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -215,3 +217,47 @@ def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
     except OSError as exc:
         return CommandResult(127, "", str(exc))
     return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+class StopRequested(Exception):
+    """Raised from the SIGTERM/SIGINT handler to leave the loop wherever it is, even mid-sleep."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, _frame: FrameType | None) -> None:
+    raise StopRequested(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT raise StopRequested; the handlers before are put back."""
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_loop(
+    step: Callable[[], object],
+    *,
+    interval: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+    iterations: int | None = None,
+) -> None:
+    """Call ``step`` every ``interval`` seconds (its own time included) until stopped or
+    ``iterations`` ran."""
+    done = 0
+    while iterations is None or done < iterations:
+        started = clock()
+        step()
+        done += 1
+        sleep(max(0.0, interval - (clock() - started)))

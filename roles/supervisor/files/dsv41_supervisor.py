@@ -56,11 +56,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
-from types import FrameType
 from typing import Any, NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, RotatingLog, run_command
+from dsv41_node import CommandResult, RotatingLog, StopRequested, run_command
 
 # The metrics need prometheus_client (python3-prometheus-client); supervising never does.
 try:
@@ -187,14 +186,6 @@ Http = Callable[[str, str, Mapping[str, str], "bytes | None", float], HttpResult
 
 class ConfigError(ValueError):
     """The config file cannot be used; the message lists every problem."""
-
-
-class StopRequested(Exception):
-    """Raised from the SIGTERM/SIGINT handler to leave the loop wherever it is, even mid-sleep."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -1673,23 +1664,6 @@ class Supervisor:
         self.write_state(self.memory)
 
 
-def run_loop(
-    supervisor: Supervisor,
-    *,
-    interval: float,
-    sleep: Callable[[float], None],
-    clock: Callable[[], float],
-    iterations: int | None = None,
-) -> None:
-    """Tick every ``interval`` seconds (tick time included) until stopped or ``iterations`` ran."""
-    done = 0
-    while iterations is None or done < iterations:
-        started = clock()
-        supervisor.step()
-        done += 1
-        sleep(max(0.0, interval - (clock() - started)))
-
-
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
@@ -1731,10 +1705,6 @@ def build_metrics(settings: Settings, log: RotatingLog) -> supervisor_metrics.Su
     )
 
 
-def _raise_stop(signum: int, _frame: FrameType | None) -> None:
-    raise StopRequested(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Supervise until SIGTERM/SIGINT (exit 0); exit 2 on a bad config."""
     args = build_parser().parse_args(argv)
@@ -1759,28 +1729,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     supervisor = Supervisor(
         settings, log, run=run_command, http=http_request, clock=time.time, metrics=metrics
     )
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        log.write("start", settings.describe() + (" once" if args.once else ""))
-        if metrics is not None:
-            try:
-                metrics.serve(settings.metrics_address, settings.metrics_port)
-            except OSError as exc:  # supervising matters more than its metrics: say so and go on
-                log.write(
-                    "error",
-                    f"no metrics endpoint on {settings.metrics_address}:{settings.metrics_port}: {exc}"
-                    " (until the supervisor restarts)",
+    with shared.stop_on_signals():
+        try:
+            log.write("start", settings.describe() + (" once" if args.once else ""))
+            if metrics is not None:
+                try:
+                    metrics.serve(settings.metrics_address, settings.metrics_port)
+                except OSError as exc:  # supervising matters more than its metrics: say so and go on
+                    log.write(
+                        "error",
+                        f"no metrics endpoint on {settings.metrics_address}:{settings.metrics_port}: {exc}"
+                        " (until the supervisor restarts)",
+                    )
+            if args.once:
+                supervisor.step()
+            else:
+                shared.run_loop(
+                    supervisor.step, interval=settings.interval, sleep=time.sleep, clock=time.time
                 )
-        if args.once:
-            supervisor.step()
-        else:
-            run_loop(supervisor, interval=settings.interval, sleep=time.sleep, clock=time.time)
-    except StopRequested as stop:
-        log.write("stop", f"{signal.Signals(stop.signum).name} received, exiting; ranks left as they are")
-        supervisor.stopped(stop.signum)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        except StopRequested as stop:
+            log.write("stop", f"{signal.Signals(stop.signum).name} received, exiting; ranks left as they are")
+            supervisor.stopped(stop.signum)
     return 0
 
 

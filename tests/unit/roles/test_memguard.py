@@ -37,6 +37,7 @@ def _load_program():
 
 mg = _load_program()
 import dsv41_memguard_metrics as guard_metrics  # noqa: E402 - beside the program, as installed
+import dsv41_node as shared  # noqa: E402 - beside the program, as installed
 
 GIB = 1024**3
 
@@ -262,11 +263,11 @@ class Harness:
         """One tick per sample, one second apart."""
         self.samples = [int(gib * GIB) for gib in available_gib]
         guard = self.guard(*extra_args)
-        mg.run_loop(
-            guard,
+        shared.run_loop(
+            guard.step,
             interval=guard.settings.interval,
             sleep=self.clock.sleep,
-            monotonic=self.clock.monotonic,
+            clock=self.clock.monotonic,
             iterations=len(self.samples),
         )
 

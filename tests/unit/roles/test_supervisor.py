@@ -46,6 +46,7 @@ def _load_program(name: str = "dsv41_supervisor", path: Path = PROGRAM):
 
 
 sup = _load_program()
+import dsv41_node as shared  # noqa: E402 - beside the program, as installed
 import dsv41_supervisor_metrics as supervisor_metrics  # noqa: E402 - beside the program, as installed
 
 GIB = 1024**3
@@ -333,8 +334,8 @@ class Harness:
         return self.cluster.nodes["spark-b"]
 
     def tick(self, count: int = 1) -> None:
-        sup.run_loop(
-            self.sup,
+        shared.run_loop(
+            self.sup.step,
             interval=self.settings.interval,
             sleep=self.clock.sleep,
             clock=self.clock.time,
