@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, RotatingLog, StopRequested, run_command
+from dsv41_node import CommandResult, RotatingLog, StopRequested, parse_meminfo, run_command
 
 # The metrics need prometheus_client (python3-prometheus-client); guarding never does.
 try:
@@ -78,29 +78,6 @@ Runner = Callable[[Sequence[str], float], CommandResult]
 # --------------------------------------------------------------------------------------------
 # Pure functions
 # --------------------------------------------------------------------------------------------
-
-
-def parse_meminfo(text: str) -> int:
-    """Return MemAvailable in bytes from /proc/meminfo text.
-
-    Raises ValueError when the field is missing or malformed: guessing a number here could
-    either kill the ranks for nothing or, worse, never kill them.
-    """
-    for line in text.splitlines():
-        key, sep, rest = line.partition(":")
-        if not sep or key.strip() != "MemAvailable":
-            continue
-        fields = rest.split()
-        if not fields or not fields[0].isdigit():
-            raise ValueError(f"malformed MemAvailable line: {line!r}")
-        value = int(fields[0])
-        unit = fields[1].lower() if len(fields) > 1 else ""
-        if unit == "kb":  # the kernel writes "kB" and means KiB
-            return value * KIB
-        if unit == "":
-            return value
-        raise ValueError(f"unknown MemAvailable unit {fields[1]!r}")
-    raise ValueError("no MemAvailable field in meminfo (kernel older than 3.14?)")
 
 
 def decide(

@@ -124,6 +124,31 @@ def read_text(path: Path, limit: int = _READ_LIMIT) -> str:
             os.close(fd)
 
 
+# --- /proc -----------------------------------------------------------------------------------
+
+_KIB = 1024
+
+
+def parse_meminfo(text: str) -> int:
+    """MemAvailable in bytes from /proc/meminfo text.
+
+    ValueError when the field is missing or malformed: a guessed number could make the memory
+    guard kill the ranks for nothing or, worse, never kill them.
+    """
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if not sep or key.strip() != "MemAvailable":
+            continue
+        fields = rest.split()
+        if not fields or not fields[0].isdigit():
+            raise ValueError(f"malformed MemAvailable line: {line!r}")
+        unit = fields[1].lower() if len(fields) > 1 else ""
+        if unit not in ("kb", ""):
+            raise ValueError(f"unknown MemAvailable unit {fields[1]!r}")
+        return int(fields[0]) * (_KIB if unit == "kb" else 1)  # the kernel writes "kB" and means KiB
+    raise ValueError("no MemAvailable field in meminfo (kernel older than 3.14?)")
+
+
 # --- the log ---------------------------------------------------------------------------------
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, run_command
+from dsv41_node import CommandResult, parse_meminfo, run_command
 
 VERBS = ("status", "start", "stop", "kill")
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
@@ -227,22 +227,6 @@ def parse_inspect(result: CommandResult) -> ContainerFacts:
         restart_count=restart_count if isinstance(restart_count, int) else 0,
         oom_killed=state.get("OOMKilled") is True,
     )
-
-
-def parse_meminfo(text: str) -> int:
-    """MemAvailable in bytes from /proc/meminfo text; ValueError when it is missing or malformed."""
-    for line in text.splitlines():
-        key, sep, rest = line.partition(":")
-        if not sep or key.strip() != "MemAvailable":
-            continue
-        fields = rest.split()
-        if not fields or not fields[0].isdigit():
-            raise ValueError(f"malformed MemAvailable line: {line!r}")
-        unit = fields[1].lower() if len(fields) > 1 else ""
-        if unit not in ("kb", ""):
-            raise ValueError(f"unknown MemAvailable unit {fields[1]!r}")
-        return int(fields[0]) * (KIB if unit == "kb" else 1)  # the kernel writes "kB" and means KiB
-    raise ValueError("no MemAvailable field in meminfo")
 
 
 def parse_kill_record(text: str) -> float:
