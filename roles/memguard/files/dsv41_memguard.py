@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, RotatingLog, StopRequested, parse_meminfo, run_command
+from dsv41_node import CommandResult, RotatingLog, StopRequested, format_gib, parse_meminfo, run_command
 
 # The metrics need prometheus_client (python3-prometheus-client); guarding never does.
 try:
@@ -143,11 +143,6 @@ def top_rss(proc_root: Path, limit: int = 10) -> list[ProcessRss]:
         found.append(ProcessRss(int(entry.name), rss, comm, cmdline))
     found.sort(key=lambda p: (-p.rss_bytes, p.pid))
     return found[:limit]
-
-
-def format_gib(n_bytes: float) -> str:
-    """Bytes as GiB with two decimals: the unit the floor and trace thresholds are given in."""
-    return f"{n_bytes / GIB:.2f} GiB"
 
 
 def format_trace(mem_available: int, processes: Sequence[ProcessRss]) -> list[str]:

@@ -127,6 +127,12 @@ def read_text(path: Path, limit: int = _READ_LIMIT) -> str:
 # --- /proc -----------------------------------------------------------------------------------
 
 _KIB = 1024
+_GIB = 1024**3
+
+
+def format_gib(n_bytes: float) -> str:
+    """Bytes as GiB with two decimals: the unit memory floors and margins are given in."""
+    return f"{n_bytes / _GIB:.2f} GiB"
 
 
 def parse_meminfo(text: str) -> int:

@@ -48,6 +48,8 @@ def _load_program(name: str = "dsv41_supervisor", path: Path = PROGRAM):
 sup = _load_program()
 import dsv41_node as shared  # noqa: E402 - beside the program, as installed
 import dsv41_supervisor_metrics as supervisor_metrics  # noqa: E402 - beside the program, as installed
+import dsv41_supervisor_rules as rules  # noqa: E402 - beside the program, as installed
+import dsv41_supervisor_settings as supervisor_settings  # noqa: E402 - beside the program, as installed
 
 GIB = 1024**3
 T0 = 1_764_579_600.0  # 2025-12-01T09:00:00Z
@@ -274,18 +276,18 @@ class FakeCluster:
         if node.vanish_on == verb:
             node.unreachable = True
         if node.unreachable:
-            return sup.CommandResult(
+            return shared.CommandResult(
                 255, "", f"ssh: connect to host {IPS.get(node.name)} port 22: No route to host\n"
             )
         if verb == "status":
-            return sup.CommandResult(0, json.dumps(node.status()) + "\n", "")
+            return shared.CommandResult(0, json.dumps(node.status()) + "\n", "")
         if verb in node.fail:
             doc = {
                 "verb": verb,
                 "ok": False,
                 "detail": f"docker {verb} dsv41-r{node.rank} failed (rc=1): boom",
             }
-            return sup.CommandResult(1, json.dumps(doc) + "\n", "")
+            return shared.CommandResult(1, json.dumps(doc) + "\n", "")
         if verb == "start":
             self.starts += 1
             node.state, node.exit_code, node.finished_at = "running", None, None
@@ -300,7 +302,7 @@ class FakeCluster:
                 node.state, node.exit_code, node.finished_at = "exited", 0, iso(self.clock.now)
             if node.rank == 0:
                 self.api.health = None
-        return sup.CommandResult(0, json.dumps({"verb": verb, "ok": True, "detail": "done"}) + "\n", "")
+        return shared.CommandResult(0, json.dumps({"verb": verb, "ok": True, "detail": "done"}) + "\n", "")
 
     def actions(self) -> list[tuple[str, str]]:
         return [(node, verb) for node, verb, _, _ in self.calls if verb != "status"]
@@ -316,7 +318,9 @@ class Harness:
         self.state_dir.mkdir(exist_ok=True)
         self.key_file = tmp_path / "api_key"
         self.key_file.write_text(KEY + "\n")
-        self.settings = sup.load_settings(config_doc(self.state_dir, self.key_file, nodes, **overrides))
+        self.settings = supervisor_settings.load_settings(
+            config_doc(self.state_dir, self.key_file, nodes, **overrides)
+        )
         self.api = FakeApi()
         self.cluster = FakeCluster(self.clock, self.api, nodes)
         self.log_path = self.state_dir / "supervisor.log"
@@ -378,7 +382,7 @@ def h(tmp_path: Path) -> Harness:
 def test_defaults(tmp_path: Path) -> None:
     doc = config_doc(Path("/home/spark/.dsv41-two-sparks"), Path("/home/spark/.dsv41-two-sparks/api_key"))
     del doc["log_max_bytes"], doc["log_backups"]
-    s = sup.load_settings(doc)
+    s = supervisor_settings.load_settings(doc)
     assert (s.interval, s.hang, s.probe_interval, s.probe_timeout, s.startup_timeout) == (5, 60, 60, 30, 1200)
     assert (s.backoff_initial, s.backoff_max, s.max_attempts) == (10, 300, 5)
     assert s.memory_needed == 5 * GIB
@@ -392,7 +396,7 @@ def test_defaults(tmp_path: Path) -> None:
 def test_nodes_are_ordered_by_rank(tmp_path: Path) -> None:
     doc = config_doc(Path("/s"), Path("/k"), nodes=3)
     doc["nodes"].reverse()
-    assert [n.rank for n in sup.load_settings(doc).nodes] == [0, 1, 2]
+    assert [n.rank for n in supervisor_settings.load_settings(doc).nodes] == [0, 1, 2]
 
 
 def _bad(**changes: Any) -> dict[str, Any]:
@@ -454,12 +458,12 @@ def _node(name: str, rank: Any, argv: Any = ("x",)) -> dict[str, Any]:
 )
 def test_bad_config_is_refused_clearly(doc: Any, message: str) -> None:
     with pytest.raises(sup.ConfigError, match=message):
-        sup.load_settings(doc)
+        supervisor_settings.load_settings(doc)
 
 
 def test_every_problem_is_listed_at_once() -> None:
     with pytest.raises(sup.ConfigError) as raised:
-        sup.load_settings(_bad(interval_seconds=0, max_attempts=0, state_dir="rel"))
+        supervisor_settings.load_settings(_bad(interval_seconds=0, max_attempts=0, state_dir="rel"))
     assert all(k in str(raised.value) for k in ("interval_seconds", "max_attempts", "state_dir"))
 
 
@@ -550,7 +554,7 @@ def test_parse_rank_status_of_a_rankctl_document() -> None:
         "memguard_last_kill": 1764580442.5,
         "time": T0,
     }
-    status = sup.parse_rank_status(NODE_B, sup.CommandResult(0, json.dumps(doc) + "\n", ""))
+    status = sup.parse_rank_status(NODE_B, shared.CommandResult(0, json.dumps(doc) + "\n", ""))
     assert status == sup.RankStatus(
         "spark-b",
         1,
@@ -571,23 +575,25 @@ def test_parse_rank_status_of_a_rankctl_document() -> None:
     ("result", "state", "detail"),
     [
         pytest.param(
-            sup.CommandResult(255, "", "ssh: connect to host 198.18.0.11 port 22: No route to host\n"),
+            shared.CommandResult(255, "", "ssh: connect to host 198.18.0.11 port 22: No route to host\n"),
             "unreachable",
             "rc=255: ssh: connect to host 198.18.0.11 port 22: No route to host",
             id="ssh-fails",
         ),
         pytest.param(
-            sup.CommandResult(124, "", "timed out after 20s"), "unreachable", "timed out", id="timeout"
+            shared.CommandResult(124, "", "timed out after 20s"), "unreachable", "timed out", id="timeout"
         ),
-        pytest.param(sup.CommandResult(0, "Welcome to DGX OS\n", ""), "unreachable", "Welcome", id="garbage"),
         pytest.param(
-            sup.CommandResult(2, "", "dsv41_rankctl: refused 'status; x'\n"),
+            shared.CommandResult(0, "Welcome to DGX OS\n", ""), "unreachable", "Welcome", id="garbage"
+        ),
+        pytest.param(
+            shared.CommandResult(2, "", "dsv41_rankctl: refused 'status; x'\n"),
             "unreachable",
             "refused",
             id="refused",
         ),
         pytest.param(
-            sup.CommandResult(
+            shared.CommandResult(
                 1, '{"state": "unknown", "error": "Cannot connect to the Docker daemon"}\n', ""
             ),
             "unknown",
@@ -610,31 +616,31 @@ def test_parse_rank_status_failures(result: Any, state: str, detail: str) -> Non
         pytest.param(None, None, id="null"),
         pytest.param(
             {"ifname": IFNAME, "operstate": "up", "carrier": 1, "up": True},
-            sup.Fabric(IFNAME, "up", 1, True),
+            rules.Fabric(IFNAME, "up", 1, True),
             id="up",
         ),
         pytest.param(
             {"ifname": IFNAME, "operstate": "down", "carrier": None, "up": False},
-            sup.Fabric(IFNAME, "down", None, False),
+            rules.Fabric(IFNAME, "down", None, False),
             id="administratively-down",
         ),
         pytest.param(
             {"ifname": IFNAME, "operstate": "missing", "carrier": None, "up": False},
-            sup.Fabric(IFNAME, "missing", None, False),
+            rules.Fabric(IFNAME, "missing", None, False),
             id="missing",
         ),
         pytest.param(
             {"ifname": IFNAME, "operstate": "up", "carrier": True, "up": "yes"},
-            sup.Fabric(IFNAME, "up", None, False),
+            rules.Fabric(IFNAME, "up", None, False),
             id="only-true-is-up",
         ),
         pytest.param(
             {"ifname": "enp1\nforged line", "operstate": "down\x1b[2J", "carrier": 0, "up": False},
-            sup.Fabric("enp1 forged line", "down [2J", 0, False),
+            rules.Fabric("enp1 forged line", "down [2J", 0, False),
             id="one-line-for-the-log",
         ),
         pytest.param(
-            {"ifname": IFNAME, "up": False}, sup.Fabric(IFNAME, "unknown", None, False), id="sparse"
+            {"ifname": IFNAME, "up": False}, rules.Fabric(IFNAME, "unknown", None, False), id="sparse"
         ),
         pytest.param({"operstate": "down", "up": False}, None, id="no-ifname"),
         pytest.param("down", None, id="not-an-object"),
@@ -644,20 +650,20 @@ def test_parse_rank_status_fabric(fabric: Any, expected: Any) -> None:
     doc: dict[str, Any] = {"state": "running", "started_at": "2026-12-01T08:03:17Z", "boot_id": "b1"}
     if fabric is not ABSENT:
         doc["fabric"] = fabric
-    status = sup.parse_rank_status(NODE_B, sup.CommandResult(0, json.dumps(doc) + "\n", ""))
+    status = sup.parse_rank_status(NODE_B, shared.CommandResult(0, json.dumps(doc) + "\n", ""))
     assert status.fabric == expected
-    assert sup.rank_summary(status)["fabric"] == (None if expected is None else expected._asdict())
+    assert rules.rank_summary(status)["fabric"] == (None if expected is None else expected._asdict())
 
 
 @pytest.mark.parametrize(
     ("link", "expected"),
     [
-        pytest.param(("up", 1), sup.Fabric(IFNAME, "up", 1, True), id="up"),
-        pytest.param(("down", None), sup.Fabric(IFNAME, "down", None, False), id="administratively-down"),
+        pytest.param(("up", 1), rules.Fabric(IFNAME, "up", 1, True), id="up"),
+        pytest.param(("down", None), rules.Fabric(IFNAME, "down", None, False), id="administratively-down"),
         pytest.param(
-            ("lowerlayerdown", 0), sup.Fabric(IFNAME, "lowerlayerdown", 0, False), id="lowerlayerdown"
+            ("lowerlayerdown", 0), rules.Fabric(IFNAME, "lowerlayerdown", 0, False), id="lowerlayerdown"
         ),
-        pytest.param((None, None), sup.Fabric(IFNAME, "missing", None, False), id="missing"),
+        pytest.param((None, None), rules.Fabric(IFNAME, "missing", None, False), id="missing"),
     ],
 )
 def test_the_fabric_rankctl_reports_is_the_fabric_the_supervisor_reads(link: tuple, expected: Any) -> None:
@@ -673,7 +679,7 @@ def test_the_fabric_rankctl_reports_is_the_fabric_the_supervisor_reads(link: tup
         now=T0,
         fabric=rankctl.fabric_status(IFNAME, *link),
     )
-    status = sup.parse_rank_status(NODE_B, sup.CommandResult(0, json.dumps(doc) + "\n", ""))
+    status = sup.parse_rank_status(NODE_B, shared.CommandResult(0, json.dumps(doc) + "\n", ""))
     assert status.fabric == expected
 
 
@@ -681,19 +687,19 @@ def test_the_fabric_rankctl_reports_is_the_fabric_the_supervisor_reads(link: tup
     ("result", "expected"),
     [
         pytest.param(
-            sup.CommandResult(0, '{"verb": "stop", "ok": true, "detail": "d"}\n', ""), (True, "d"), id="ok"
+            shared.CommandResult(0, '{"verb": "stop", "ok": true, "detail": "d"}\n', ""), (True, "d"), id="ok"
         ),
         pytest.param(
-            sup.CommandResult(1, '{"verb": "start", "ok": false, "detail": "no"}\n', ""),
+            shared.CommandResult(1, '{"verb": "start", "ok": false, "detail": "no"}\n', ""),
             (False, "no"),
             id="not-ok",
         ),
         pytest.param(
-            sup.CommandResult(124, "", "timed out after 120s"),
+            shared.CommandResult(124, "", "timed out after 120s"),
             (False, "rc=124: timed out after 120s"),
             id="t",
         ),
-        pytest.param(sup.CommandResult(0, "", ""), (False, "rc=0: no output"), id="silent"),
+        pytest.param(shared.CommandResult(0, "", ""), (False, "rc=0: no output"), id="silent"),
     ],
 )
 def test_parse_action_result(result: Any, expected: tuple[bool, str]) -> None:
@@ -742,13 +748,13 @@ def test_lock_status(age: float | None, expected: Any) -> None:
 # The pure decision
 # --------------------------------------------------------------------------------------------
 
-SETTINGS = sup.load_settings(
+SETTINGS = supervisor_settings.load_settings(
     config_doc(Path("/state"), Path("/state/api_key"), nodes=2, startup_timeout_seconds=600)
 )
 NOW = T0 + 10_000
 STARTED = {"spark-a": "2026-12-01T08:00:00.1Z", "spark-b": "2026-12-01T08:00:00.2Z"}
 BOOTS = {"spark-a": "boot-a", "spark-b": "boot-b"}
-BASELINE = {n: sup.Baseline(STARTED[n], BOOTS[n]) for n in STARTED}
+BASELINE = {n: rules.Baseline(STARTED[n], BOOTS[n]) for n in STARTED}
 
 
 def rank(name: str = "spark-b", state: str = "running", **fields: Any) -> Any:
@@ -1215,7 +1221,7 @@ def test_memory_wait_holds_until_every_node_has_floor_plus_margin(head_mem, work
     ("attempts", "delay"), [(1, 10), (2, 20), (3, 40), (4, 80), (5, 160), (6, 300), (12, 300)]
 )
 def test_backoff_doubles_up_to_the_maximum(attempts: int, delay: float) -> None:
-    assert sup.backoff_delay(attempts, SETTINGS) == delay
+    assert rules.backoff_delay(attempts, SETTINGS) == delay
 
 
 def test_memguard_kill_at_the_last_attempt_stops_and_gives_up() -> None:
@@ -1224,12 +1230,12 @@ def test_memguard_kill_at_the_last_attempt_stops_and_gives_up() -> None:
     assert (decision.action, decision.state, decision.attempts) == (sup.Action.STOP, sup.State.GAVE_UP, 5)
 
 
-LINK_UP = sup.Fabric(IFNAME, "up", 1, True)
-LINK_DOWN = sup.Fabric(IFNAME, "down", 0, False)
-LINK_ADMIN_DOWN = sup.Fabric(IFNAME, "down", None, False)  # carrier unreadable (EINVAL)
-LINK_LOWER = sup.Fabric(IFNAME, "lowerlayerdown", 0, False)
-LINK_MISSING = sup.Fabric(IFNAME, "missing", None, False)
-LINK_NO_CARRIER = sup.Fabric(IFNAME, "up", 0, False)
+LINK_UP = rules.Fabric(IFNAME, "up", 1, True)
+LINK_DOWN = rules.Fabric(IFNAME, "down", 0, False)
+LINK_ADMIN_DOWN = rules.Fabric(IFNAME, "down", None, False)  # carrier unreadable (EINVAL)
+LINK_LOWER = rules.Fabric(IFNAME, "lowerlayerdown", 0, False)
+LINK_MISSING = rules.Fabric(IFNAME, "missing", None, False)
+LINK_NO_CARRIER = rules.Fabric(IFNAME, "up", 0, False)
 B_DOWN = f"fabric {IFNAME} on spark-b is down: waiting for the link"
 BOTH_UP = (rank("spark-a", fabric=LINK_UP), rank("spark-b", fabric=LINK_UP))
 FABRIC_BACK = (
@@ -1457,7 +1463,7 @@ def test_without_fabric_information_the_decisions_are_unchanged(observation: Any
 
 
 def test_restart_and_stop_plans_order() -> None:
-    settings = sup.load_settings(config_doc(Path("/s"), Path("/k"), nodes=3))
+    settings = supervisor_settings.load_settings(config_doc(Path("/s"), Path("/k"), nodes=3))
     assert [(s.verb, s.node.name) for s in sup.restart_plan(settings)] == [
         ("stop", "spark-a"),
         ("stop", "spark-b"),
@@ -2748,7 +2754,7 @@ def test_the_acceptance_record_is_read_at_each_scrape_and_never_through_a_link(
 )
 def test_metrics_settings_are_checked(tmp_path: Path, overrides: dict, message: str) -> None:
     with pytest.raises(sup.ConfigError, match=message):
-        sup.load_settings(config_doc(tmp_path, tmp_path / "key", 2, **overrides))
+        supervisor_settings.load_settings(config_doc(tmp_path, tmp_path / "key", 2, **overrides))
 
 
 def test_a_failed_restart_is_a_fault_of_its_own_and_the_restart_after_its_backoff_counts_under_it(
