@@ -29,10 +29,9 @@ options:
     required: true
   api:
     description:
-      - The API - C({health, running, waiting, generation_tokens_total, last_progress, hang_seconds});
-        C(health) is the HTTP code or null; C(last_progress) (when the supervisor last saw a new token or
-        nothing running, epoch seconds) and C(hang_seconds) (its hang threshold) come from the
-        supervisor's state - requests running and no new token for C(hang_seconds) is a hang.
+      - The API - C({health, running, waiting, generation_tokens_total, stalled}); C(health) is the HTTP
+        code or null; C(stalled) comes from the supervisor's state, its verdict that requests run and no
+        new token came for its hang threshold (null when not), reported as a hang while its state is current.
     type: dict
     required: true
   supervisor:

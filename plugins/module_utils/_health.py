@@ -80,30 +80,17 @@ def supervisor_problem(
 
 
 def api_problems(api: dict[str, Any], supervisor_as_of: float | None) -> list[str]:
-    """Why the API is not serving: ``/health`` not 200, or requests running and no new token for
-    ``hang_seconds`` - the supervisor's measure, with its threshold and its ``last_progress``
-    (when it last saw the engine work: a token, a prompt done, the KV cache moving during a
-    prefill, or its probe answered), as of ``supervisor_as_of`` (when it wrote them; ``None`` when
-    its state is not current, which says nothing about a hang). A frozen engine whose metrics
-    read 0 running is found by the supervisor's probe, not here."""
+    """Why the API is not serving: ``/health`` not 200, or the supervisor's verdict that it stalls
+    (``stalled``: requests running and no new token for its hang threshold), read only while its
+    state is current (``supervisor_as_of`` is None when it is not, which says nothing about now).
+    A frozen engine whose metrics read 0 running is found by the supervisor's probe, not here."""
     problems = []
     health = api.get("health")
     if health != 200:
         problems.append(f"API: /health answered {health}" if health else "API: no answer on /health")
-    running, last_progress, hang_seconds = (api.get(k) for k in ("running", "last_progress", "hang_seconds"))
-    if (
-        supervisor_as_of is not None
-        and isinstance(hang_seconds, (int, float))
-        and hang_seconds > 0
-        and isinstance(running, (int, float))
-        and running > 0
-        and isinstance(last_progress, (int, float))
-        and supervisor_as_of - last_progress >= hang_seconds
-    ):
-        problems.append(
-            f"API: hung - {_count(running)} request(s) running, no new tokens for"
-            f" {supervisor_as_of - last_progress:.0f} s (hang threshold {hang_seconds:g} s)"
-        )
+    stalled = api.get("stalled")
+    if supervisor_as_of is not None and isinstance(stalled, str) and stalled:
+        problems.append(f"API: hung - {stalled}")
     return problems
 
 
@@ -121,8 +108,8 @@ def deployment_health(
 
     ``nodes``: ``{name, rank, status (rankctl's JSON, or None), error, guard (systemctl is-active)}``
     in rank order; ``api``: ``{health (HTTP code or None), running, waiting,
-    generation_tokens_total, last_progress, hang_seconds}`` (the last two from the supervisor:
-    without them a stalled API is not judged); ``supervisor``: its state file's content, or None;
+    generation_tokens_total, stalled}`` (the last from the supervisor's state: without it a
+    stalled API is not reported); ``supervisor``: its state file's content, or None;
     ``deployments``: the deployment record (shown, not judged), or None.
     """
     now = time.time() if now is None else now
@@ -137,7 +124,7 @@ def deployment_health(
         for node in nodes
         if isinstance(node.get("status"), dict) and node["status"].get("memguard_last_kill")
     ]
-    # A hang is judged by the supervisor's own observations, and only while it makes them.
+    # A stall as the supervisor judged it, and only while it keeps looking.
     written = supervisor_written(supervisor, supervisor_interval, now) if supervisor_enabled else None
     problems += api_problems(api, written)
     if problem := supervisor_problem(supervisor, supervisor_enabled, supervisor_interval, now):

@@ -556,6 +556,19 @@ def hang_reason(obs: Observation, memory: Memory, now: float) -> str:
     )
 
 
+def stall(running: float | None, last_progress: float | None, now: float, hang: float) -> str | None:
+    """Requests running and no engine progress for ``hang`` seconds: the stall status.yml names
+    while the probe has not confirmed a hang yet, or while a run pauses the supervisor (it keeps
+    looking). None when there is none, or nothing says so."""
+    if running is None or running <= 0 or last_progress is None or hang <= 0 or now - last_progress < hang:
+        return None
+    requests = f"{running:g}" if not float(running).is_integer() else str(int(running))
+    return (
+        f"{requests} request(s) running, no new tokens for {now - last_progress:.0f} s"
+        f" (hang threshold {hang:g} s)"
+    )
+
+
 def _exit_words(rank: RankStatus) -> str:
     parts = [rank.state]
     if rank.exit_code is not None:
@@ -1000,8 +1013,8 @@ def _finite(value: float | None) -> float | None:
 def state_document(
     memory: Memory, obs: Observation | None, now: float, pid: int, hang: float
 ) -> dict[str, Any]:
-    """supervisor-state.json; ``hang`` (the threshold) with ``last_progress`` (any engine work: tokens,
-    prompt tokens, KV cache) lets status.yml judge a hang by the supervisor's own measure."""
+    """supervisor-state.json; ``api.stalled`` is the stall (requests running, no engine work for
+    ``hang`` seconds) as the supervisor judged it at ``now``: status.yml reports it, never judges."""
     metrics = obs.metrics if obs else Metrics()
     probe = memory.last_probe
     return {
@@ -1027,6 +1040,8 @@ def state_document(
             "last_progress": memory.last_progress,
             "last_answered": memory.last_answered,
             "hang_seconds": hang,
+            # The supervisor's verdict, which status.yml reports as it stands.
+            "stalled": stall(metrics.running, memory.last_progress, now, hang),
             "last_probe": (
                 None
                 if probe is None

@@ -2433,9 +2433,38 @@ def test_state_file_format(h: Harness) -> None:
         "last_progress": T0,
         "last_answered": None,
         "hang_seconds": SETTINGS.hang,
+        "stalled": None,
         "last_probe": None,
     }
     assert [p.name for p in h.state_dir.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+@pytest.mark.parametrize(
+    ("running", "quiet", "expected"),
+    [
+        pytest.param(2, 61, "2 request(s) running, no new tokens for 61 s (hang threshold 60 s)",
+                     id="stalled-past-the-threshold"),
+        pytest.param(2, 59, None, id="stalled-under-it"),
+        pytest.param(0, 600, None, id="idle-is-not-stuck"),
+        pytest.param(None, 600, None, id="no-metrics"),
+        pytest.param(2, None, None, id="progress-unknown"),
+    ],
+)  # fmt: skip
+def test_a_stall_is_requests_running_without_progress_for_the_hang_threshold(
+    running, quiet, expected
+) -> None:
+    now = 1_800_000_000.0
+    last_progress = None if quiet is None else now - quiet
+    assert rules.stall(running, last_progress, now, 60) == expected
+    assert rules.stall(running, last_progress, now, 0) is None, "no threshold, no stall"
+
+
+def test_the_state_document_carries_the_stall_for_status_yml() -> None:
+    memory = sup.Memory(last_progress=NOW - 90)
+    seen = obs(metrics=sup.Metrics(running=1.0))
+    doc = sup.state_document(memory, seen, NOW, 1, 60)
+    assert doc["api"]["stalled"] == "1 request(s) running, no new tokens for 90 s (hang threshold 60 s)"
+    assert sup.state_document(memory, seen, NOW, 1, 120)["api"]["stalled"] is None
 
 
 def test_state_document_keeps_nan_out_of_json() -> None:

@@ -47,7 +47,12 @@ def apply(*cases) -> list[dict]:
 def test_the_filter_judges_and_adds_the_table_and_refuses_what_is_not_a_node_list():
     written = time.time()
     watching = {"state": "healthy", "updated": written}
-    stalled = {**API, "running": 1, "last_progress": written - 100, "hang_seconds": 60}
+    # As the supervisor's state file says it.
+    stalled = {
+        **API,
+        "running": 1,
+        "stalled": "1 request(s) running, no new tokens for 100 s (hang threshold 60 s)",
+    }
     healthy, degraded, hung, refused = apply(
         [[[NODE], API], {"supervisor_enabled": False}],
         [[[NODE], {**API, "health": 503}], {"supervisor_enabled": False}],

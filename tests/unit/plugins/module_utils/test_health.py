@@ -106,26 +106,21 @@ def test_an_api_that_does_not_answer_200_is_degraded(api, problem):
     assert verdict(api=api)["problems"] == [problem]
 
 
-def stalled(running, seconds: float) -> dict:
-    """The API as the supervisor last saw it: ``running`` requests, no new token for ``seconds``
-    when it last wrote its state."""
-    return {**API, "running": running, "last_progress": SUPERVISOR["updated"] - seconds, "hang_seconds": 60}
+STALL = "2 request(s) running, no new tokens for 61 s (hang threshold 60 s)"
 
 
 @pytest.mark.parametrize(
     ("api", "problem"),
     [
-        pytest.param(stalled(2, 61),
-                     "API: hung - 2 request(s) running, no new tokens for 61 s (hang threshold 60 s)",
-                     id="stalled-past-the-threshold"),
-        pytest.param(stalled(2, 59), None, id="stalled-under-it"),
-        pytest.param(stalled(0, 600), None, id="idle-is-not-stuck"),
-        pytest.param({**stalled(2, 0), "last_progress": None}, None, id="progress-unknown"),
-        pytest.param(stalled(None, 600), None, id="no-metrics"),
-        pytest.param({**stalled(2, 600), "hang_seconds": None}, None, id="no-threshold"),
+        pytest.param({**API, "running": 2, "stalled": STALL}, f"API: hung - {STALL}",
+                     id="the-supervisor-says-so"),
+        pytest.param({**API, "running": 2, "stalled": None}, None, id="it-says-no"),
+        pytest.param({**API, "running": 2}, None, id="a-supervisor-that-does-not-judge-it"),
     ],
 )  # fmt: skip
-def test_requests_running_without_new_tokens_past_the_hang_threshold_is_a_hang(api, problem):
+def test_a_stall_is_the_supervisors_verdict_reported_as_it_stands(api, problem):
+    """The rule (requests running, no new token for the hang threshold) is the supervisor's
+    (dsv41_supervisor_rules.stall, tested with it): status.yml reports it, never judges again."""
     assert verdict(api=api)["problems"] == ([problem] if problem else [])
 
 
@@ -140,7 +135,7 @@ def test_requests_running_without_new_tokens_past_the_hang_threshold_is_a_hang(a
 )  # fmt: skip
 def test_a_hang_is_not_judged_from_a_supervisor_that_no_longer_watches(supervisor, enabled, problems):
     """Its last state may say requests were running: that says nothing about now."""
-    api = {**API, "running": 2, "last_progress": NOW - 600, "hang_seconds": 60}
+    api = {**API, "running": 2, "stalled": STALL}
     assert verdict(api=api, supervisor=supervisor, supervisor_enabled=enabled)["problems"] == problems
 
 
