@@ -332,11 +332,13 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._adoption import (
+    adopt_checkpoint,
+    adoption_message,
+)
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._checkpoint import (
     DEFAULT_MANIFEST,
     CheckpointError,
-    adopt_checkpoint,
-    adoption_message,
     apply_plan,
     borrow_records,
     check_exl3,

@@ -12,6 +12,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+from ansible_collections.sparkserve.dsv41.plugins.module_utils import _adoption as ad
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _checkpoint as ck
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _download as dl
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import FIELDS
@@ -503,7 +504,7 @@ def adopt(model: Path, check_mode: bool = False, **kwargs):
     """The module's adoption run without Ansible: ``(report, warnings, errors)``."""
     state_file = kwargs.pop("state_file", ck.default_state_file(str(model)))
     kwargs.setdefault("workers", WORKERS)
-    return ck.adopt_checkpoint(str(model), state_file, check_mode=check_mode, **kwargs)
+    return ad.adopt_checkpoint(str(model), state_file, check_mode=check_mode, **kwargs)
 
 
 def state_files(model: Path) -> dict[str, dict]:
