@@ -5,28 +5,20 @@ output captured on the real-engine lab (tests/unit/fixtures/fabric_check)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _fabric_acceptance as acceptance
+from node_programs import load_program, program_path
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "fabric_check"
-PROGRAM = ROOT / "roles" / "rank" / "files" / "dsv41_fabric_check.py"
+PROGRAM = program_path("rank", "dsv41_fabric_check")
 LINK = "head (enp1s0f1np1 198.18.0.13) <-> worker (enp1s0f1np1 198.18.0.11)"
 
 
-def _load_program():
-    spec = importlib.util.spec_from_file_location("dsv41_fabric_check", PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load_program()
+check = load_program("rank", "dsv41_fabric_check")
 PASSING = (FIXTURES / "gloo-rank0.stdout").read_text()
 
 

@@ -21,21 +21,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from node_programs import load_program, program_path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-PROGRAM = REPO_ROOT / "roles" / "memguard" / "files" / "dsv41_memguard.py"
+PROGRAM = program_path("memguard", "dsv41_memguard")
 
 
-def _load_program():
-    spec = importlib.util.spec_from_file_location("dsv41_memguard", PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-mg = _load_program()
+mg = load_program("memguard", "dsv41_memguard")
 import dsv41_memguard_metrics as guard_metrics  # noqa: E402 - beside the program, as installed
 import dsv41_node as shared  # noqa: E402 - beside the program, as installed
 

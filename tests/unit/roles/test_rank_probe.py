@@ -8,26 +8,18 @@ captured ``docker inspect`` answer, and time a fake clock.
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from node_programs import load_program, program_path
 
-PROGRAM = Path(__file__).resolve().parents[3] / "roles" / "rank" / "files" / "dsv41_rank_probe.py"
-
-
-def _load_program():
-    spec = importlib.util.spec_from_file_location("dsv41_rank_probe", PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+PROGRAM = program_path("rank", "dsv41_rank_probe")
 
 
-probe = _load_program()
+probe = load_program("rank", "dsv41_rank_probe")
 
 # `docker inspect --format '{{json .State}}|{{.RestartCount}}'` of a stand-in rank, captured on the lab.
 RUNNING = (

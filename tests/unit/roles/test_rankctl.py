@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,22 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from node_programs import load_program, program_path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-PROGRAM = REPO_ROOT / "roles" / "supervisor" / "files" / "dsv41_rankctl.py"
+PROGRAM = program_path("supervisor", "dsv41_rankctl")
 FIXTURES = REPO_ROOT / "tests" / "unit" / "fixtures" / "rankctl"
 
 
-def _load_program():
-    spec = importlib.util.spec_from_file_location("dsv41_rankctl", PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-rc = _load_program()
+rc = load_program("supervisor", "dsv41_rankctl")
 KIB = 1024
 BOOT_ID = "3f0c2b8e-5d1a-4c7e-9b26-8e4f1a0d7c53"
 MEMINFO = "MemTotal:       124546616 kB\nMemFree:          912480 kB\nMemAvailable:    2411724 kB\n"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import http.server
-import importlib.util
 import itertools
 import json
 import os
@@ -29,23 +28,15 @@ from typing import Any
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._health import deployment_health
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._lock import acquire, guard_path, release
+from node_programs import load_program, program_path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-PROGRAM = REPO_ROOT / "roles" / "supervisor" / "files" / "dsv41_supervisor.py"
+PROGRAM = program_path("supervisor", "dsv41_supervisor")
 RANKCTL = REPO_ROOT / "roles" / "supervisor" / "files" / "dsv41_rankctl.py"
 FIXTURES = REPO_ROOT / "tests" / "unit" / "fixtures" / "supervisor"
 
 
-def _load_program(name: str = "dsv41_supervisor", path: Path = PROGRAM):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-sup = _load_program()
+sup = load_program("supervisor", "dsv41_supervisor")
 import dsv41_node as shared  # noqa: E402 - beside the program, as installed
 import dsv41_supervisor_metrics as supervisor_metrics  # noqa: E402 - beside the program, as installed
 import dsv41_supervisor_rules as rules  # noqa: E402 - beside the program, as installed
@@ -668,7 +659,7 @@ def test_parse_rank_status_fabric(fabric: Any, expected: Any) -> None:
 )
 def test_the_fabric_rankctl_reports_is_the_fabric_the_supervisor_reads(link: tuple, expected: Any) -> None:
     """The contract between the two programs, with rankctl's own functions writing the document."""
-    rankctl = _load_program("dsv41_rankctl_contract", RANKCTL)
+    rankctl = load_program("supervisor", "dsv41_rankctl", "dsv41_rankctl_contract")
     doc = rankctl.status_document(
         node="spark-b",
         container="dsv41-r1",
