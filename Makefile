@@ -48,12 +48,13 @@ lab-up:
 lab-down:
 	python3 lab/labctl.py down
 
-# The checks that need no lab run side by side with the build of the lab's images (each keeps
-# about one core busy; make prints each one's output whole when it ends), then the suites that
-# measure time, one at a time: the stand-ins' throughput tests fail when they share the cores.
+# The checks that need no lab run side by side with the build of the lab's images and, once they
+# are built, the lab's acceptance tests (which mostly wait on containers; make prints each one's
+# output whole when it ends), then the suites that measure time, one at a time: the stand-ins'
+# throughput tests fail when they share the cores.
 test: deps
-	$(MAKE) --jobs --output-sync=target images lint sanity unit
-	$(MAKE) standins lab-test molecule
+	$(MAKE) --jobs --output-sync=target lab-test lint sanity unit
+	$(MAKE) standins molecule
 
 lint: deps
 	ruff check .
@@ -77,7 +78,7 @@ unit: deps tools
 standins: deps
 	pytest tests/standins
 
-lab-test: deps engine
+lab-test: deps images
 	pytest tests/lab
 
 # The stand-in engine's labs (the DeepSeek recipe), then the real engine's (recipe tiny-chat).
