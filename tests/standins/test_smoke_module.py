@@ -30,7 +30,9 @@ def engines(start_rank: Callable[..., Rank], tmp_path_factory) -> dict[str, str]
     """Base URLs of a healthy engine, of one set to answer wrongly and of one asking the wrong city."""
     urls = {}
     for name, faults in FAULTS.items():
-        ranks = start_cluster(start_rank, tmp_path_factory.mktemp(name), settings={"STANDIN_FAULTS": faults})
+        # Fast tokens: these cases are about the checks, not the engine's speed.
+        settings = {"STANDIN_FAULTS": faults, "STANDIN_DECODE_TOKENS_PER_S": "1000"}
+        ranks = start_cluster(start_rank, tmp_path_factory.mktemp(name), settings=settings)
         ranks[0].wait_healthy()
         urls[name] = f"http://127.0.0.1:{ranks[0].port}"
     return urls
