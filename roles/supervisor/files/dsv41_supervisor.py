@@ -231,8 +231,11 @@ class Supervisor:
             probe = self.probe()
             if probe.outcome is Probe.FAILED:
                 # Read again: progress while the probe waited (the KV cache filling during a long
-                # prefill) means it queued behind real work, not that the engine is stuck.
+                # prefill) means it queued behind real work, not that the engine is stuck; and a
+                # rank lost meanwhile (a killed worker makes the head answer 500 and exit) is a
+                # lost rank, not a hang.
                 after = self.get_metrics()
+                ranks = self.collect_ranks()
         return Observation(ranks, health, health_detail, metrics, probe, lock, mtime, taken, after)
 
     # -- acting -----------------------------------------------------------------------------

@@ -2690,6 +2690,26 @@ def test_metrics_count_a_lost_rank_and_its_restart_by_cause_and_show_each_rank(h
     assert registry.get_sample_value("dsv41_group_restarts_total", {"cause": "hang"}) == 0
 
 
+def test_a_worker_killed_while_the_probe_waits_is_a_lost_rank_not_a_hang(h: Harness) -> None:
+    """Measured on the real engine (CI, 2026-12-06): the idle probe goes out, the worker is killed
+    meanwhile, the head answers it 500 and exits. The ranks were read before the probe as running:
+    read again after a failed probe, the lost worker names the fault, not a hang."""
+    registry = with_metrics(h)
+    h.adopt_healthy()
+    h.tick()
+
+    def worker_killed() -> None:
+        h.worker.die(137)
+        h.api.probe_status, h.api.metrics_up = 500, False
+
+    h.api.on_probe = worker_killed
+    h.until(lambda: h.sup.memory.state is not sup.State.HEALTHY)
+    h.api.on_probe = None
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "rank_lost"}) == 1
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "hang"}) == 0
+    assert "action=restart: lost rank 1 on spark-b: exited, exit code 137" in h.log_lines("decision")[-1]
+
+
 def test_metrics_count_each_hang_and_the_restart_after_each_backoff_for_it(h: Harness) -> None:
     registry = with_metrics(h)
     h.adopt_healthy()
