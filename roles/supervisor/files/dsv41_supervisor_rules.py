@@ -641,6 +641,17 @@ def fabric_wait_reason(down: Sequence[tuple[str, Fabric]]) -> str:
     return f"{', '.join(links)}: waiting for the link"
 
 
+def _gave_up(action: Action, attempts: int, fault: Fault) -> Decision:
+    """max_attempts failed attempts in a row: the supervisor stops trying and says why."""
+    return Decision(
+        action,
+        State.GAVE_UP,
+        f"gave up after {attempts} failed attempts in a row; last: {fault.reason}",
+        attempts,
+        cause=fault.cause,
+    )
+
+
 def failed_attempt(
     attempts: int, reason: str, now: float, settings: Settings, *, cause: Cause, kill: bool = False
 ) -> Decision:
@@ -648,13 +659,7 @@ def failed_attempt(
     up after max_attempts in a row."""
     attempts += 1
     if attempts >= settings.max_attempts:
-        return Decision(
-            Action.NONE,
-            State.GAVE_UP,
-            f"gave up after {attempts} failed attempts in a row; last: {reason}",
-            attempts,
-            cause=cause,
-        )
+        return _gave_up(Action.NONE, attempts, Fault(cause, reason))
     delay = backoff_delay(attempts, settings)
     return Decision(
         Action.NONE,
@@ -696,13 +701,7 @@ def _failed_stop(attempts: int, fault: Fault, wait: State, settings: Settings) -
     """Stop the group after one more failed attempt, then ``wait``; or give up at max_attempts."""
     attempts += 1
     if attempts >= settings.max_attempts:
-        return Decision(
-            Action.STOP,
-            State.GAVE_UP,
-            f"gave up after {attempts} failed attempts in a row; last: {fault.reason}",
-            attempts,
-            cause=fault.cause,
-        )
+        return _gave_up(Action.STOP, attempts, fault)
     return Decision(Action.STOP, wait, fault.reason, attempts, cause=fault.cause)
 
 
