@@ -167,6 +167,15 @@ def one_line(text: str, limit: int | None = None) -> str:
     return clean
 
 
+DETAIL_MAX_CHARS = 300
+
+
+def detail(text: str) -> str:
+    """What a command, a server or an exception said, as one line of a state file or a log entry:
+    bounded, whatever it sent."""
+    return one_line(text, DETAIL_MAX_CHARS)
+
+
 def format_line(when: float, event: str, message: str) -> str:
     """One log line: local ISO-8601 timestamp with offset, event word, message."""
     stamp = datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="milliseconds")
@@ -234,6 +243,10 @@ class CommandResult(NamedTuple):
     returncode: int
     stdout: str
     stderr: str
+
+
+# run_command's shape: the programs take one as an argument, so that their tests can fake it.
+Runner = Callable[[Sequence[str], float], CommandResult]
 
 
 def run_command(argv: Sequence[str], timeout: float) -> CommandResult:

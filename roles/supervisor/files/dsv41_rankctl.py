@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, parse_meminfo, run_command
+from dsv41_node import CommandResult, Runner, parse_meminfo, run_command
 
 VERBS = ("status", "start", "stop", "kill")
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
@@ -79,8 +79,6 @@ EXITED_STATES = frozenset({"exited", "dead", "restarting"})
 
 CONFIG_KEYS = {"container", "state_dir", "docker", "meminfo", "boot_id", "fabric_ifname", "sysfs_net"}
 KILL_RECORD_NAME = "memguard-last-kill"
-
-Runner = Callable[[Sequence[str], float], CommandResult]
 
 
 class Refused(Exception):
@@ -293,8 +291,8 @@ def status_document(
 
 
 def docker_failure(what: str, result: CommandResult) -> str:
-    detail = shared.one_line(result.stderr or result.stdout or "(no output)", 300)
-    return f"{what} failed (rc={result.returncode}): {detail}"
+    said = shared.detail(result.stderr or result.stdout or "(no output)")
+    return f"{what} failed (rc={result.returncode}): {said}"
 
 
 # --------------------------------------------------------------------------------------------

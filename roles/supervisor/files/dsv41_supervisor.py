@@ -54,16 +54,14 @@ from http.client import HTTPException
 from pathlib import Path
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import RotatingLog, StopRequested, run_command
+from dsv41_node import RotatingLog, Runner, StopRequested, detail, run_command
 from dsv41_supervisor_rules import (  # installed beside this program
-    DETAIL_MAX_CHARS,
     FRESH,
     HTTP_BODY_LIMIT,
     PROBE_PROMPT,
     Action,
     Cause,
     Decision,
-    Http,
     HttpResult,
     LockStatus,
     Memory,
@@ -72,7 +70,6 @@ from dsv41_supervisor_rules import (  # installed beside this program
     Probe,
     ProbeResult,
     RankStatus,
-    Runner,
     State,
     Step,
     StepsOutcome,
@@ -101,6 +98,9 @@ from dsv41_supervisor_settings import (  # installed beside this program
     Settings,
     load_config_file,
 )
+
+# urlopen's shape (method, URL, headers, body, timeout): the tests fake the engine with one.
+Http = Callable[[str, str, Mapping[str, str], "bytes | None", float], HttpResult]
 
 # The metrics need prometheus_client (python3-prometheus-client); supervising never does.
 try:
@@ -188,7 +188,7 @@ class Supervisor:
 
     def get_health(self) -> tuple[int | None, str]:
         reply = self.http("GET", f"{self.settings.api_url}/health", {}, None, self.settings.http_timeout)
-        return reply.status, shared.one_line(reply.error, DETAIL_MAX_CHARS)
+        return reply.status, detail(reply.error)
 
     def get_metrics(self) -> Metrics:
         reply = self.http("GET", f"{self.settings.api_url}/metrics", {}, None, self.settings.http_timeout)
@@ -202,7 +202,7 @@ class Supervisor:
             return ProbeResult(
                 self.clock(),
                 Probe.INCONCLUSIVE,
-                shared.one_line(f"no probe: cannot read the key: {exc}", DETAIL_MAX_CHARS),
+                detail(f"no probe: cannot read the key: {exc}"),
             )
         payload = {
             "model": s.model,
@@ -214,8 +214,8 @@ class Supervisor:
         reply = self.http(
             "POST", f"{s.api_url}/v1/chat/completions", headers, json.dumps(payload).encode(), s.probe_timeout
         )
-        outcome, detail = classify_probe(reply)
-        return ProbeResult(self.clock(), outcome, detail.replace(key, "<key>"))
+        outcome, said = classify_probe(reply)
+        return ProbeResult(self.clock(), outcome, said.replace(key, "<key>"))
 
     def observe(self, now: float) -> Observation:
         s = self.settings

@@ -12,19 +12,18 @@ import datetime
 import enum
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, format_gib
+from dsv41_node import CommandResult, detail, format_gib
 from dsv41_supervisor_settings import MIB, NodeConfig, Settings
 
 UNREACHABLE = "unreachable"  # the rank state of a node whose rankctl gave no status
 
 PROBE_PROMPT = "Say OK."
 HTTP_BODY_LIMIT = 8 * MIB  # /metrics with every histogram is a few hundred KiB
-DETAIL_MAX_CHARS = 300
 
 METRIC_RUNNING = "vllm:num_requests_running"
 METRIC_WAITING = "vllm:num_requests_waiting"
@@ -94,10 +93,6 @@ class HttpResult(NamedTuple):
     status: int | None
     body: str
     error: str
-
-
-Runner = Callable[[Sequence[str], float], CommandResult]
-Http = Callable[[str, str, Mapping[str, str], "bytes | None", float], HttpResult]
 
 
 class Fabric(NamedTuple):
@@ -391,7 +386,7 @@ def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
             node.name,
             node.rank,
             UNREACHABLE,
-            detail=shared.one_line(f"rc={result.returncode}: {why}", DETAIL_MAX_CHARS),
+            detail=detail(f"rc={result.returncode}: {why}"),
         )
     return RankStatus(
         node=node.name,
@@ -405,7 +400,7 @@ def parse_rank_status(node: NodeConfig, result: CommandResult) -> RankStatus:
         boot_id=_optional(doc.get("boot_id"), str),
         mem_available=_optional(doc.get("mem_available_bytes"), int),
         memguard_last_kill=_optional(doc.get("memguard_last_kill"), float),
-        detail=shared.one_line(str(doc.get("error", "")), DETAIL_MAX_CHARS),
+        detail=detail(str(doc.get("error", ""))),
         fabric=parse_fabric(doc.get("fabric")),
     )
 
@@ -418,10 +413,9 @@ def parse_action_result(result: CommandResult) -> tuple[bool, str]:
     except json.JSONDecodeError:
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("ok"), bool):
-        detail = shared.one_line(str(doc.get("detail", "")), DETAIL_MAX_CHARS)
-        return (doc["ok"] and result.returncode == 0), detail
+        return (doc["ok"] and result.returncode == 0), detail(str(doc.get("detail", "")))
     why = result.stderr.strip() or result.stdout.strip() or "no output"
-    return False, shared.one_line(f"rc={result.returncode}: {why}", DETAIL_MAX_CHARS)
+    return False, detail(f"rc={result.returncode}: {why}")
 
 
 def classify_probe(result: HttpResult) -> tuple[Probe, str]:
@@ -432,7 +426,7 @@ def classify_probe(result: HttpResult) -> tuple[Probe, str]:
     if result.status == 401:
         return Probe.INCONCLUSIVE, "HTTP 401: the key file does not match the server's key"
     if result.status is None:
-        return Probe.FAILED, shared.one_line(result.error or "no answer", DETAIL_MAX_CHARS)
+        return Probe.FAILED, detail(result.error or "no answer")
     body = shared.one_line(result.body, 160)
     return Probe.FAILED, f"HTTP {result.status}" + (f": {body}" if body else "")
 

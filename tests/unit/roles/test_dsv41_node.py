@@ -151,6 +151,22 @@ def test_one_line_cuts_at_the_limit() -> None:
     assert shared.one_line("x" * 10, 10) == "x" * 10
 
 
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        (
+            "Error response from daemon:\n  No such container: dsv41-r0\n",
+            "Error response from daemon: No such container: dsv41-r0",
+        ),
+        ("y" * 5000, "y" * 297 + "..."),
+    ],
+    ids=["docker stderr", "a server's whole page"],
+)
+def test_a_detail_is_one_line_bounded_whatever_was_said(said: str, expected: str) -> None:
+    assert shared.detail(said) == expected
+    assert len(shared.detail(said)) <= shared.DETAIL_MAX_CHARS
+
+
 def test_run_command_folds_a_timeout_and_a_missing_program_in(tmp_path: Path) -> None:
     assert shared.run_command(["sleep", "5"], 0.2) == shared.CommandResult(124, "", "timed out after 0.2s")
     missing = shared.run_command([str(tmp_path / "absent")], 1)
