@@ -479,6 +479,12 @@ def test_logs_name_the_variable_when_the_rank_does_not_exist():
         ("rank_master_port=0", "rank_master_port"),
         ("rank_poll_seconds=0", "rank_poll_seconds 0 (>= 1)"),
         ("deployment_worker_group=nobody", "deployment_worker_group"),
+        # A renamed variable would be ignored: the run names its new name instead.
+        (
+            "supervisor_install_dir=/opt/sparkserve",
+            "supervisor_install_dir are deployment_install_dir, supervisor_config_dir and "
+            "rank_gateway_config_dir are deployment_config_dir (set: supervisor_install_dir)",
+        ),
         (
             '{"preflight_required_commands": ["rsync", "dsv41-no-such-tool"]}',
             "command not found: dsv41-no-such-tool",

@@ -23,7 +23,7 @@ def render(role: str, template: str, **overrides) -> dict[str, str]:
         "ansible_managed": "managed",
         "deployment_rank_nodes": ["spark-a", "spark-b"],
         "deployment_state_path": STATE,
-        "supervisor_config_dir": "/etc/sparkserve dsv41",
+        "deployment_config_dir": "/etc/sparkserve dsv41",
         "fabric_selected": {"ipv4": FABRIC_ADDRESS},
         "fabric_sysfs_root": "/sys",
         **overrides,
@@ -67,7 +67,7 @@ INSTALL_DIR = "/opt/spark serve"
     ],
 )  # fmt: skip
 def test_the_command_line_is_quoted_and_a_bad_configuration_stops_the_restarts(role, template, argv):
-    service = render(role, template, **{f"{role}_install_dir": INSTALL_DIR})
+    service = render(role, template, deployment_install_dir=INSTALL_DIR)
     assert service["ExecStart"] == systemd_exec(argv)
     assert '"' in service["ExecStart"], "the paths with a space are quoted"
     assert service["Restart"] == "always"
