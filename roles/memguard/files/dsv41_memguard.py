@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 import dsv41_node as shared  # installed beside this program
-from dsv41_node import CommandResult, RotatingLog, StopRequested, format_gib, parse_meminfo, run_command
+from dsv41_node import (
+    CommandResult,
+    RotatingLog,
+    Runner,
+    StopRequested,
+    format_gib,
+    parse_meminfo,
+    run_command,
+)
 
 # The metrics need prometheus_client (python3-prometheus-client); guarding never does.
 try:
@@ -72,8 +80,6 @@ class ProcessRss(NamedTuple):
     comm: str
     cmdline: str
 
-
-Runner = Callable[[Sequence[str], float], CommandResult]
 
 # --------------------------------------------------------------------------------------------
 # Pure functions
