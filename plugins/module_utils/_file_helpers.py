@@ -9,6 +9,7 @@ managed node, and pure code without an ``AnsibleModule`` such as ``_checkpoint``
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -168,9 +169,10 @@ def write_atomically(module, path: str, data: bytes, mode: int | str | None = No
     module's ``set_mode_if_different`` applies it to the temporary file, so an invalid mode fails
     the module before ``path`` is touched. The rename is ``module.atomic_move`` (SELinux contexts,
     cross-device fallbacks, the ``unsafe_writes`` option when the module has it), which gives an
-    existing file back its owner, group and mode and a new one the umask's permissions: the caller
-    applies the file's attributes afterwards (``module.set_fs_attributes_if_different``, which
-    also reports them in diff mode), as Ansible's own modules do.
+    existing file back its owner, group and mode; a new one gets ``mode`` (without one, the umask's
+    permissions). The caller applies the file's other attributes afterwards
+    (``module.set_fs_attributes_if_different``, which also reports them in diff mode), as Ansible's
+    own modules do. An error of the rename is raised as ``OSError``.
     """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
@@ -185,10 +187,37 @@ def write_atomically(module, path: str, data: bytes, mode: int | str | None = No
             os.replace(tmp_path, path)
         else:
             module.set_mode_if_different(tmp_path, mode, False)
-            module.atomic_move(tmp_path, path, unsafe_writes=bool(module.params.get("unsafe_writes")))
+            _move_into_place(module, tmp_path, path, mode)
     finally:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)
+
+
+def _move_into_place(module, tmp_path: str, path: str, mode: int | str | None) -> None:
+    """``module.atomic_move`` with a new file private from the start.
+
+    atomic_move gives a new file the umask's permissions (0644 under the usual 022): a secret would
+    be readable by others until its mode is applied, and stay so if setting its owner then failed.
+    Moved under a private umask, a new file is 0600 until it gets ``mode`` here.
+    """
+    creating = not os.path.lexists(path)
+    umask = os.umask(0o077) if creating else None
+    try:
+        module.atomic_move(tmp_path, path, unsafe_writes=bool(module.params.get("unsafe_writes")))
+    except OSError:
+        raise
+    except Exception as err:  # atomic_move raises its failures as a plain Exception (ansible-core 2.17+)
+        cause = err.__cause__
+        reason = f"{err} ({cause.strerror or cause})" if isinstance(cause, OSError) else str(err)
+        raise OSError(getattr(cause, "errno", None) or errno.EIO, reason, path) from err
+    finally:
+        if umask is not None:
+            os.umask(umask)
+    if umask is not None:
+        if mode is None:
+            os.chmod(path, 0o666 & ~umask)
+        else:
+            module.set_mode_if_different(path, mode, False)
 
 
 @dataclass(frozen=True)

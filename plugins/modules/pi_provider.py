@@ -269,15 +269,13 @@ def main() -> None:
                 write_atomically(
                     module, path, file_plan.file.after.encode("utf-8"), NEW_FILE_MODE if new_file else None
                 )
-                if new_file:  # atomic_move gave it the umask's permissions
-                    module.set_mode_if_different(path, NEW_FILE_MODE, True)
         except OSError as err:
             module.fail_json(
                 msg=f"cannot write {err.filename or config_dir}: {err.strerror}",
                 config_dir=config_dir,
                 backup_files=backup_files,
             )
-        except Exception as err:  # backup_local and atomic_move's fallbacks raise their OSError as Exception
+        except Exception as err:  # backup_local raises its OSError as a plain Exception
             module.fail_json(msg=f"{err} ({err.__cause__})", config_dir=config_dir, backup_files=backup_files)
 
     result = {

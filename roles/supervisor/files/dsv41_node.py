@@ -32,6 +32,9 @@ from typing import NamedTuple
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FILE_MODE = 0o644
 _READ_LIMIT = 1 << 20
+# After a command's group is killed: how long to wait for its pipes to close (a process that left
+# the group may hold them).
+_REAP_SECONDS = 5.0
 
 
 def _trusted(directory_fd: int) -> bool:
@@ -63,9 +66,16 @@ def append(path: Path, data: bytes, mode: int = _FILE_MODE) -> None:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path.name, flags, mode, dir_fd=parent)
         try:
-            os.write(fd, data)
+            _write_all(fd, data)
         finally:
             os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written: on a filling disk one call may write part."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def size(path: Path) -> int | None:
@@ -101,11 +111,11 @@ def write_atomically(path: Path, text: str, mode: int = _FILE_MODE) -> None:
         fd = os.open(temporary, flags, mode, dir_fd=parent)
         try:
             try:
-                os.write(fd, text.encode("utf-8"))
+                _write_all(fd, text.encode("utf-8"))
             finally:
                 os.close(fd)
             os.replace(temporary, path.name, src_dir_fd=parent, dst_dir_fd=parent)
-        except OSError:
+        except BaseException:  # a stop signal (StopRequested) may come between any two lines
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=parent)
             raise
@@ -251,16 +261,37 @@ Runner = Callable[[Sequence[str], float], CommandResult]
 
 def run_command(argv: Sequence[str], timeout: float) -> CommandResult:
     """Run an argv list (never a shell) with a timeout and no input: a hung Docker daemon or an
-    unreachable node must not hang the program's loop."""
+    unreachable node must not hang the program's loop.
+
+    The command runs in a process group of its own, killed whole when the time is up or the program
+    is stopped: what it started (rank control's ``docker``, blocked on a hung daemon) must not
+    outlive it, one more each tick. Output that is not UTF-8 (a remote shell's) is kept, replaced.
+    """
     try:
-        done = subprocess.run(  # noqa: S603 - an argv list from the program's root-owned settings, no shell
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
+        child = subprocess.Popen(  # noqa: S603 - an argv list from the program's root-owned settings, no shell
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        return CommandResult(124, "", f"timed out after {timeout:g}s")
     except OSError as exc:
         return CommandResult(127, "", str(exc))
-    return CommandResult(done.returncode, done.stdout, done.stderr)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except BaseException as exc:  # the timeout, or a stop signal while waiting
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.communicate(timeout=_REAP_SECONDS)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        return CommandResult(124, "", f"timed out after {timeout:g}s")
+    return CommandResult(child.returncode, _decoded(stdout), _decoded(stderr))
+
+
+def _decoded(output: bytes) -> str:
+    return output.decode("utf-8", errors="replace")
 
 
 # --- the loop --------------------------------------------------------------------------------

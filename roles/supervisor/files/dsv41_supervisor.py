@@ -510,8 +510,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.once:
                 supervisor.step()
             else:
+                # Paced by the monotonic clock: a clock step must not stretch or skip a tick.
                 shared.run_loop(
-                    supervisor.step, interval=settings.interval, sleep=time.sleep, clock=time.time
+                    supervisor.step, interval=settings.interval, sleep=time.sleep, clock=time.monotonic
                 )
         except StopRequested as stop:
             log.write("stop", f"{signal.Signals(stop.signum).name} received, exiting; ranks left as they are")

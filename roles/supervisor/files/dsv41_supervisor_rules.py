@@ -273,8 +273,12 @@ class StepsOutcome(NamedTuple):
 
 
 def format_time(when: float) -> str:
-    """Local ISO-8601 with offset, to the second: the unit of every reason that names a time."""
-    return datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="seconds")
+    """Local ISO-8601 with offset, to the second: the unit of every reason that names a time.
+    A time no calendar holds (a record the deployment user could write) is told as it is."""
+    try:
+        return datetime.datetime.fromtimestamp(when).astimezone().isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{when:g} (epoch seconds)"
 
 
 def _sample(line: str) -> tuple[str, float] | None:

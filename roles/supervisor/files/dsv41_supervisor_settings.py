@@ -42,8 +42,10 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "memory_margin_gib": 4,
     "api_url": "http://127.0.0.1:8000",
     "pause_max_minutes": 120,
-    "rankctl_timeout_seconds": 20,  # one status call, ssh included
-    "rankctl_action_timeout_seconds": 120,  # one start or stop (docker stop waits up to 30 s)
+    # Above rank control's own limits (docker inspect 20 s; then start 120 s, or stop 60 s), so that
+    # it, not the supervisor, says what timed out.
+    "rankctl_timeout_seconds": 30,  # one status call, ssh included
+    "rankctl_action_timeout_seconds": 180,  # one start or stop
     "http_timeout_seconds": 10,  # /health and /metrics
     # The Prometheus endpoint (the API gateway serves it under the key); port 0: none.
     "metrics_address": "127.0.0.1",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import time
 from pathlib import Path
 
 import dsv41_node as shared
@@ -173,3 +174,50 @@ def test_run_command_folds_a_timeout_and_a_missing_program_in(tmp_path: Path) ->
     assert missing.returncode == 127 and "absent" in missing.stderr
     # No input: a command that reads stdin gets EOF at once, not the program's own stdin.
     assert shared.run_command(["cat"], 5) == shared.CommandResult(0, "", "")
+
+
+def test_a_command_that_times_out_leaves_nothing_it_started_running(tmp_path: Path) -> None:
+    """Rank control's docker, blocked on a hung daemon, must not outlive rank control: one more
+    each tick otherwise."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    assert shared.run_command(["sh", "-c", script], 0.5).returncode == 124
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(grandchild):
+        time.sleep(0.05)
+    assert not _alive(grandchild), "the command's own child was killed with it"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return stat.read().split(") ", 1)[1][0] != "Z"  # a zombie is dead, waiting for its parent
+
+
+def test_output_that_is_not_utf8_is_kept_replaced_not_fatal() -> None:
+    result = shared.run_command(["printf", r"ok\377\n"], 5)
+    assert result == shared.CommandResult(0, "ok\ufffd\n", "")
+
+
+def test_a_short_write_still_writes_every_byte(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a filling disk write(2) may write part; the file renamed into place is whole."""
+    write = os.write
+    monkeypatch.setattr(shared.os, "write", lambda fd, data: write(fd, bytes(data[:3])))
+    shared.write_atomically(state / "state.json", '{"state": "healthy"}\n')
+    shared.append(state / "x.log", b"one line\n")
+    assert (state / "state.json").read_text() == '{"state": "healthy"}\n'
+    assert (state / "x.log").read_text() == "one line\n"
+
+
+def test_a_stop_while_writing_leaves_no_temporary_file(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def stopped(*_args: object, **_kwargs: object) -> None:
+        raise shared.StopRequested(15)
+
+    monkeypatch.setattr(shared.os, "replace", stopped)
+    with pytest.raises(shared.StopRequested):
+        shared.write_atomically(state / "state.json", "{}\n")
+    assert list(state.iterdir()) == []

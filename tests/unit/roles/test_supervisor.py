@@ -1221,6 +1221,16 @@ def test_memguard_kill_at_the_last_attempt_stops_and_gives_up() -> None:
     assert (decision.action, decision.state, decision.attempts) == (sup.Action.STOP, sup.State.GAVE_UP, 5)
 
 
+@pytest.mark.parametrize("when", [1e300, 1e17, float(2**62)], ids=["1e300", "year-3e9", "2^62"])
+def test_a_kill_time_no_calendar_holds_is_told_as_it_is_not_fatal(when: float) -> None:
+    """The kill record lies in the deployment user's directory: any number it holds must not stop
+    the supervisor's loop."""
+    observation = obs(rank("spark-a"), rank("spark-b", memguard_last_kill=when))
+    decision = sup.decide(observation, mem(attempts=1), NOW, SETTINGS)
+    assert decision.action is sup.Action.STOP
+    assert f"killed at {when:g} (epoch seconds)" in decision.reason
+
+
 LINK_UP = rules.Fabric(IFNAME, "up", 1, True)
 LINK_DOWN = rules.Fabric(IFNAME, "down", 0, False)
 LINK_ADMIN_DOWN = rules.Fabric(IFNAME, "down", None, False)  # carrier unreadable (EINVAL)
@@ -1682,12 +1692,18 @@ def test_lost_worker_restarts_the_group_head_stop_workers_stop_workers_start_hea
     assert h.sup.memory.state is sup.State.HEALTHY
 
 
-def test_status_and_actions_use_their_own_timeouts(h: Harness) -> None:
+def test_status_and_actions_use_their_own_timeouts_above_rank_controls(h: Harness) -> None:
+    """Rank control's limits fire first, so that it says what timed out (a hung docker inspect, a
+    slow start) rather than the supervisor killing it blind."""
+    rankctl = load_program("supervisor", "dsv41_rankctl")
     h.adopt_healthy()
     h.worker.die(1)
     h.tick()
-    timeouts = {(verb, timeout) for _, verb, timeout, _ in h.cluster.calls}
-    assert timeouts == {("status", 20), ("stop", 120), ("start", 120)}
+    timeouts = {verb: timeout for _, verb, timeout, _ in h.cluster.calls}
+    assert timeouts == {"status": 30, "stop": 180, "start": 180}
+    assert timeouts["status"] > rankctl.INSPECT_TIMEOUT
+    for verb, limit in (("start", rankctl.START_TIMEOUT), ("stop", rankctl.STOP_TIMEOUT)):
+        assert timeouts[verb] > rankctl.INSPECT_TIMEOUT + limit, verb
 
 
 @pytest.mark.parametrize("how", ["restart-alone", "reboot", "missing"])

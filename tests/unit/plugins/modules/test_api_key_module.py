@@ -311,3 +311,16 @@ def test_an_invalid_mode_fails_before_the_key_is_written(run_module, state_dir, 
     result = run_module(api_key, {"path": str(state_dir / "api_key"), "mode": mode})
     assert result.failed and "mode must be in octal or symbolic form" in result["msg"]
     assert list(state_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002], ids=["umask-022", "umask-002"])
+def test_a_new_key_whose_owner_cannot_be_set_is_never_readable_by_others(run_module, state_dir, umask):
+    """atomic_move gives a new file the umask's permissions; the key must not wait for its mode."""
+    key_file = state_dir / "api_key"
+    before = os.umask(umask)
+    try:
+        result = run_module(api_key, {"path": str(key_file), "owner": "no-such-user-dsv41"})
+    finally:
+        os.umask(before)
+    assert result.failed and "no-such-user-dsv41" in result["msg"], result
+    assert key_file.stat().st_mode & 0o777 == 0o600

@@ -294,3 +294,45 @@ def test_units_systemd_cannot_report_fail_naming_why_and_what_changed(run_module
     # The files were written before the units were read: the result says so.
     assert result["changed"] is True
     assert str(tmp_path / "state" / "guard.service") in result["changed_paths"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002], ids=["umask-022", "umask-002"])
+def test_a_new_secret_file_whose_group_cannot_be_set_is_never_readable_by_others(run_module, tmp_path, umask):
+    """atomic_move gives a new file the umask's permissions; the secret must not wait for its mode."""
+    args = secret_args(tmp_path)
+    args["secret_files"][0]["group"] = "no-such-group-dsv41"
+    token_file = tmp_path / "state" / "hf-token"
+    before = os.umask(umask)
+    try:
+        result = run_module(node_files, args)
+        assert os.umask(umask) == umask, "the module's umask is given back"
+    finally:
+        os.umask(before)
+    assert result.failed and "no-such-group-dsv41" in result["msg"], result
+    assert mode_of(token_file) == 0o600
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
+def test_a_new_file_without_a_mode_gets_the_umasks_permissions(run_module, tmp_path, umask):
+    target = tmp_path / "notes"
+    before = os.umask(umask)
+    try:
+        result = run_module(node_files, {"files": [{"path": str(target), "content": "x\n"}]})
+    finally:
+        os.umask(before)
+    assert not result.failed, result
+    assert mode_of(target) == 0o666 & ~umask
+
+
+def test_a_rename_that_fails_names_the_file_and_the_cause(run_module, tmp_path, monkeypatch):
+    def refuse(self, src, dest, unsafe_writes=False, keep_dest_attrs=True):
+        denied = PermissionError(13, "Permission denied")
+        raise Exception(f"Could not replace {dest!r} with {src!r}.") from denied
+
+    monkeypatch.setattr(node_files.AnsibleModule, "atomic_move", refuse)
+    target = tmp_path / "unit"
+    result = run_module(node_files, {"files": [{"path": str(target), "content": UNIT, "mode": "0644"}]})
+    assert result.failed, result
+    assert str(target) in result["msg"] and "Permission denied" in result["msg"], result["msg"]
+    assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir()] == [], "no temporary file left behind"
