@@ -21,6 +21,9 @@ display = Display()
 MODULE = "sparkserve.dsv41.job_wait"
 # Polls after the job's own async timeout: the wrapper kills the job at it, and the next poll sees that.
 GRACE_POLLS = 3
+# How long a results file may be missing: the async wrapper writes it as the job starts, so after
+# this the job was waited for already (the file is removed once it finished) or is not this host's.
+MISSING_RESULTS_SECONDS = 10.0
 
 
 def failure_message(what: str, host: str, poll: dict, args: dict) -> str | None:
@@ -73,6 +76,7 @@ class ActionModule(ActionBase):
         host = task_vars.get("inventory_hostname", "?") if task_vars else "?"
         poll_seconds = max(args["seconds"], 0.1)
         deadline = time.monotonic() + args["timeout_minutes"] * 60 + GRACE_POLLS * poll_seconds
+        missing_since: float | None = None
         while True:
             poll = self._execute_module(
                 module_name=MODULE,
@@ -87,6 +91,20 @@ class ActionModule(ActionBase):
             )
             if poll.get("failed"):
                 return {**result, **poll}
+            if poll["results_file_found"]:
+                missing_since = None
+            elif missing_since is None:
+                missing_since = time.monotonic()
+            elif time.monotonic() - missing_since >= MISSING_RESULTS_SECONDS:
+                return {
+                    **result,
+                    "failed": True,
+                    "msg": (
+                        f"{args['what']} on {host}: the results file {results_file} is not there: the"
+                        " job was waited for already (its file is removed once it finished), or it was"
+                        " started on another host or as another user"
+                    ),
+                }
             if poll["finished"] or time.monotonic() >= deadline:
                 break
             display.display(f"{host}: {poll['line']}")

@@ -75,6 +75,16 @@ def kv_cache(memory: dict[str, Any], settings: dict[str, Any]) -> tuple[int | No
     return (None if value is None else int(value * GIB)), name, "GiB"
 
 
+def _number(value: Any, what: str) -> float:
+    """``value`` as a number; FitError naming ``what`` for anything else (text, a bool, a list)."""
+    if isinstance(value, bool):
+        raise FitError(f"{what} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise FitError(f"{what} must be a number, got {value!r}") from None
+
+
 def plan(
     memory: dict[str, Any],
     settings: dict[str, Any],
@@ -87,15 +97,21 @@ def plan(
     fit. With gpu_memory_utilization vLLM's claim is what must be free (it sizes the weights, the
     runtime and the KV cache inside it and says so itself when they do not fit); without it, the
     recipe's weights, runtime and KV cache."""
-    weights = int(float(memory.get("weights_gib_per_rank") or 0) * GIB)
-    runtime = int(float(memory.get("runtime_gib_per_rank") or 0) * GIB)
+    weights = int(_number(memory.get("weights_gib_per_rank") or 0, "memory.weights_gib_per_rank") * GIB)
+    runtime = int(_number(memory.get("runtime_gib_per_rank") or 0, "memory.runtime_gib_per_rank") * GIB)
     kv, kv_setting, kv_unit = kv_cache(memory, settings)
     utilization = settings.get("gpu_memory_utilization")
-    claim = int(mem_total * float(utilization)) + 1 if utilization is not None else None
+    claim = (
+        int(mem_total * _number(utilization, "the setting gpu_memory_utilization")) + 1
+        if utilization is not None
+        else None
+    )
     need = claim if claim is not None else weights + runtime + (kv or 0)
     usable = mem_available - floor
     largest_kv = max(usable - weights - runtime, 0) if claim is None else None
     per_token = memory.get("kv_bytes_per_token")
+    if per_token is not None:
+        per_token = _number(per_token, "memory.kv_bytes_per_token")
     context_kv = largest_kv if largest_kv is not None else kv
     result = {
         "mem_total": mem_total,

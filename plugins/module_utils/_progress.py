@@ -218,9 +218,16 @@ def progress_line(doc: dict[str, Any] | None, finished: bool, now: float) -> str
 # --------------------------------------------------------------------------- waiting for a job
 
 
-def read_job(results_file: str) -> dict[str, Any] | None:
-    """The content of an Ansible async job's results file; ``None`` while it is not there (yet)."""
-    return read_progress(results_file)
+def read_job(results_file: str) -> tuple[dict[str, Any] | None, bool]:
+    """The content of an Ansible async job's results file (``None`` while it is not readable JSON)
+    and whether the file is there. Other ``OSError``s propagate: another user's job (``become``)."""
+    text = read_text(results_file, lenient=True)
+    if text is None:
+        return None, False
+    try:
+        return load_json_object(results_file, text), True
+    except FileContentError:
+        return None, True
 
 
 def job_error(data: dict[str, Any]) -> str:
@@ -291,12 +298,13 @@ def wait_for_job(
     """Wait up to ``seconds`` for the job to finish: ``{finished, job_failed, error, line, result}``.
 
     Returns as soon as the results file says the job is done; ``line`` is the job's progress at
-    that moment, labelled ``what`` (else the document's own ``what``), marked when it failed, and
-    ``result`` the job's own result once it finished (else ``{}``).
+    that moment, labelled ``what`` (else the document's own ``what``), marked when it failed,
+    ``result`` the job's own result once it finished (else ``{}``), and ``results_file_found``
+    whether the results file was there at the last look.
     """
     deadline = clock() + seconds
     while True:
-        data = read_job(results_file)
+        data, found = read_job(results_file)
         outcome = job_outcome(data)
         remaining = deadline - clock()
         if outcome["finished"] or remaining <= 0:
@@ -308,4 +316,9 @@ def wait_for_job(
     line = progress_line(doc, outcome["finished"], clock())
     if outcome["job_failed"]:
         line += " (failed)"
-    return {**outcome, "line": line, "result": job_result(data) if outcome["finished"] else {}}
+    return {
+        **outcome,
+        "line": line,
+        "result": job_result(data) if outcome["finished"] else {},
+        "results_file_found": found,
+    }

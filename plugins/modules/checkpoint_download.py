@@ -312,13 +312,20 @@ def main() -> None:
             **result,
         )
     except DownloadError as exc:
-        result.update(changed=exc.changed, seconds=round(time.monotonic() - started, 3))
+        result.update(
+            changed=exc.changed or bool(result["linked"]), seconds=round(time.monotonic() - started, 3)
+        )
         module.fail_json(msg=str(exc), **result)
     except OSError as exc:
         module.fail_json(msg=f"cannot create {exc.filename or model_dir}: {exc.strerror or exc}", **result)
     manifest_written = result.get("manifest_written", False)
     result.update(report)
-    result["changed"] = result["changed"] or manifest_written
+    # Files linked in from another revision are a change the download itself did not see.
+    result["changed"] = result["changed"] or manifest_written or bool(result["linked"])
+    if result["linked"]:
+        result["msg"] = (
+            f"linked {len(result['linked'])} unchanged files from another revision; {result['msg']}"
+        )
     result["seconds"] = round(time.monotonic() - started, 3)
     module.exit_json(**result)
 

@@ -411,7 +411,13 @@ def _absent(module: AnsibleModule, root: str) -> dict:
     doomed = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.removing")
     exists = os.path.lexists(root)
     if not (exists or os.path.lexists(doomed)):
-        return {"changed": False, "msg": f"{root} is absent"}
+        return {
+            "changed": False,
+            "revisions": [],
+            "removed": [],
+            "removed_bytes": 0,
+            "msg": f"{root} is absent",
+        }
     revisions = list_revisions(root) if exists else []
     removed_bytes = tree_bytes(root) if exists else 0
     if not module.check_mode:
@@ -419,6 +425,8 @@ def _absent(module: AnsibleModule, root: str) -> dict:
     verb = "would remove" if module.check_mode else "removed"
     return {
         "changed": True,
+        # In check mode they are still there.
+        "revisions": revisions if module.check_mode else [],
         "removed": revisions,
         "removed_bytes": removed_bytes,
         "msg": f"{verb} {root} (revisions: {', '.join(revisions) or 'none'})",

@@ -31,16 +31,18 @@ options:
   job:
     description:
       - The registered result of the task that started the job (C(async), C(poll=0)); the action reads
-        its C(results_file). Only for the action, which passes O(results_file) to the module.
+        its C(results_file). Only for the action, which requires it and passes O(results_file) to the
+        module.
     type: dict
   timeout_minutes:
     description:
       - The job's C(async) timeout in minutes. The action stops polling a little after it and fails
-        naming O(timeout_variable). Only for the action.
+        naming O(timeout_variable). Only for the action, which requires it.
     type: float
   timeout_variable:
     description:
-      - The variable that sets O(timeout_minutes), named in the failure messages. Only for the action.
+      - The variable that sets O(timeout_minutes), named in the failure messages. Only for the action,
+        which requires it.
     type: str
   note:
     description:
@@ -55,7 +57,12 @@ options:
         waits hours for a download. When the run is gone, no one polls and the lock ages as before.
     type: path
   results_file:
-    description: The job's results file, the C(results_file) of the task that started it.
+    description:
+      - The job's results file, the C(results_file) of the task that started it. The action sets it
+        from O(job) and refuses it as a task option.
+      - A results file that is not there is waited for a little (the job may be starting); the action
+        then fails naming it - a job already waited for (its file is removed once it finished), or one
+        started by another host or user.
     type: path
     required: true
   progress_file:
@@ -65,7 +72,8 @@ options:
         without numbers.
     type: path
   what:
-    description: What the job is, the start of RV(line). Empty - the document's C(what).
+    description:
+      - What the job is, the start of RV(line). Empty - the document's C(what). The action requires it.
     type: str
     default: ""
   seconds:
@@ -153,6 +161,11 @@ line:
   returned: always
   type: str
   sample: "download: downloading, 212.4 GiB of 462.0 GiB, 46.0%, 480.2 MiB/s, after 7m32s"
+results_file_found:
+  description: Whether the job's results file was there at the last look.
+  returned: always
+  type: bool
+  sample: true
 """
 
 import os
@@ -192,7 +205,16 @@ def main() -> None:
         module.fail_json(msg=f"seconds must be 0 or more, got {params['seconds']}")
     if params["keep_fresh"] and not module.check_mode:
         keep_fresh(params["keep_fresh"])
-    report = wait_for_job(params["results_file"], params["progress_file"], params["seconds"], params["what"])
+    try:
+        report = wait_for_job(
+            params["results_file"], params["progress_file"], params["seconds"], params["what"]
+        )
+    except OSError as err:
+        module.fail_json(
+            msg=f"cannot read the job's results file {params['results_file']}: {err.strerror or err}"
+            " (wait as the user that started the job: the same become)",
+            results_file=params["results_file"],
+        )
     if report["finished"] and not module.check_mode:
         remove_if_present(params["results_file"])
     module.exit_json(changed=False, **report)

@@ -50,6 +50,7 @@ PLAYBOOK = """
       - {{name: times out, steps: 30, code: 0, async: 2, minutes: 1}}
       - {{name: outlives the polls, steps: 15, code: 0, async: 60, minutes: 0}}
       - {{name: follows a finished run, steps: 2, code: 0, async: 60, minutes: 1, stale: true}}
+      - {{name: waited for twice, steps: 1, code: 0, async: 60, minutes: 1, twice: true}}
   tasks:
     - name: Run each case
       ansible.builtin.include_tasks: {case!r}
@@ -96,6 +97,15 @@ CASE = """
         msg: >-
           RESULT {{{{ case.name }}}} {{{{ job.ansible_job_id }}}} rc={{{{ waited.rc }}}}
           changed={{{{ waited.changed }}}}
+
+    - name: Wait for the finished job again
+      sparkserve.dsv41.job_wait:
+        job: "{{{{ job }}}}"
+        what: "{{{{ case.name }}}}"
+        timeout_minutes: "{{{{ case.minutes }}}}"
+        timeout_variable: test_timeout_minutes
+        seconds: 1
+      when: case.twice | default(false)
   rescue:
     - name: Show the failure
       ansible.builtin.debug:
@@ -181,3 +191,14 @@ def test_polls_that_run_out_name_the_variable(run):
     _, message = shown(run, "FAILURE", "outlives the polls")
     assert message.startswith("outlives the polls on localhost did not finish within test_timeout_minutes")
     assert message.endswith("(0 minutes): raise it. A re-run resumes.")
+
+
+def test_a_job_waited_for_again_fails_soon_naming_its_results_file(run):
+    """Its results file was removed when the first wait saw it finish: the second wait must not
+    poll until the timeout (a day for a download)."""
+    _, tmp = run
+    jid, message = shown(run, "FAILURE", "waited for twice")
+    assert message.startswith(
+        f"waited for twice on localhost: the results file {tmp / 'async' / jid} is not there: the job was"
+    ), message
+    assert "waited for already" in message

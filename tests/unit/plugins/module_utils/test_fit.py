@@ -80,6 +80,15 @@ def test_a_kv_size_in_bytes_is_advised_in_bytes_and_rank_variables_are_named():
             r"the setting kv \(memory.kv_cache_bytes\) is not a number",
         ),
         ({"kv_cache_gib": True}, {}, "must be a number"),
+        (
+            {},
+            {"gpu_memory_utilization": "auto"},
+            "the setting gpu_memory_utilization must be a number, got 'auto'",
+        ),
+        ({}, {"gpu_memory_utilization": True}, "the setting gpu_memory_utilization must be a number"),
+        ({"weights_gib_per_rank": "heavy"}, {}, "memory.weights_gib_per_rank must be a number, got 'heavy'"),
+        ({"runtime_gib_per_rank": [3]}, {}, r"memory.runtime_gib_per_rank must be a number, got \[3\]"),
+        ({"kv_bytes_per_token": "many"}, {}, "memory.kv_bytes_per_token must be a number"),
     ],
 )
 def test_a_size_that_is_not_a_number_is_refused(memory, settings, message):

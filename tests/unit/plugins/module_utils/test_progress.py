@@ -239,6 +239,7 @@ def test_waiting_returns_as_soon_as_the_job_finishes(tmp_path):
         "error": "",
         "line": "download: finished",
         "result": {"rc": 0, "stdout": "{}"},
+        "results_file_found": True,
     }
 
 
@@ -275,4 +276,19 @@ def test_waiting_marks_a_failed_job(tmp_path):
         "error": "Timeout exceeded",
         "line": "copy: finished (failed)",
         "result": {"failed": True, "msg": "Timeout exceeded"},
+        "results_file_found": True,
     }
+
+
+def test_a_results_file_not_there_is_waited_for_and_said(tmp_path):
+    clock = FakeClock()
+    result = pr.wait_for_job(str(tmp_path / "gone"), None, 5, "copy", clock=clock, sleep=clock.sleep)
+    assert (result["finished"], result["results_file_found"]) == (False, False)
+    assert clock.now == pytest.approx(1005), "waited its seconds: the job may be starting"
+
+
+def test_a_results_file_that_cannot_be_read_is_an_error_not_a_wait(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()  # reading it fails as another user's file would (EISDIR; EACCES needs a non-root user)
+    with pytest.raises(OSError):
+        pr.wait_for_job(str(job), None, 5, "copy")

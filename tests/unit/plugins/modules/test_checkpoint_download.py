@@ -153,6 +153,24 @@ def test_download_rebuild_and_rerun_fetch_nothing_again(hub, download, tmp_path)
     assert [path.rsplit("/", 1)[1] for path in fetched(hub["log"], since)] == ["config.json"]
 
 
+def test_a_revision_linked_whole_from_another_fetches_nothing_and_reports_the_change(hub, download, tmp_path):
+    token_file = tmp_path / "hf-token"
+    token_file.write_text(hub["token"] + "\n")
+    serving = tmp_path / "revisions" / "serving"
+    assert not download(serving, token_file).failed
+
+    since = log_length(hub)
+    new = tmp_path / "revisions" / "new"
+    result = download(new, token_file, link_from=[str(serving)])
+    assert not result.failed, result
+    assert fetched(hub["log"], since) == [], "every file was the serving revision's"
+    assert "config.json" in result["linked"]
+    assert (new / "config.json").samefile(serving / "config.json")
+    assert result["changed"] is True, "the new directory was filled"
+    assert result["msg"].startswith(f"linked {len(result['linked'])} unchanged files from another revision; ")
+    assert download(new, token_file, link_from=[str(serving)])["changed"] is False
+
+
 def test_check_mode_on_an_empty_directory_writes_nothing(hub, download, tmp_path):
     token_file = tmp_path / "hf-token"
     token_file.write_text(hub["token"])

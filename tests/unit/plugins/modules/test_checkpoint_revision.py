@@ -500,6 +500,27 @@ def test_check_mode_reports_the_removal_and_removes_nothing(tmp_path, run_module
     assert snapshot(tmp_path) == before
 
 
+def test_a_removal_returns_every_key_documented_for_it(tmp_path, run_module):
+    documented = yaml.safe_load(checkpoint_revision.RETURN)
+    promised = {
+        key for key, doc in documented.items() if doc["returned"] == "always" or "absent" in doc["returned"]
+    }
+    root = deployed_root(tmp_path / "models")
+    args = {"root": str(root), "state": "absent"}
+    checked = run_module(checkpoint_revision, args, check_mode=True)
+    removed = run_module(checkpoint_revision, args)
+    again = run_module(checkpoint_revision, args)
+    for result in (checked, removed, again):
+        assert promised <= set(result), promised - set(result)
+    assert sorted(checked["revisions"]) == sorted([OLD, NEW]), "check mode removes nothing"
+    assert (removed["revisions"], again["revisions"], again["removed"], again["removed_bytes"]) == (
+        [],
+        [],
+        [],
+        0,
+    )
+
+
 def test_an_interrupted_removal_is_finished(tmp_path, run_module):
     root = deployed_root(tmp_path / "models")
     (tmp_path / "models" / ".DeepSeek-V4.1-Flash.removing").mkdir()  # the last run's, half deleted
