@@ -520,6 +520,14 @@ def test_a_run_that_leaves_a_rank_node_out_stops_in_preflight_naming_it(lab):
     per_node, _ = site("--limit", "worker", "--tags", "memguard,image,supervisor")
     assert per_node.returncode == 0, per_node.stdout[-3000:]
     assert changed_nothing(per_node), per_node.stdout[-3000:]
+    # Except the head's supervisor, which calls every worker's rank control.
+    head_alone, _ = site("--limit", "head", "--tags", "supervisor")
+    assert head_alone.returncode != 0
+    shown = " ".join(head_alone.stdout.split())
+    assert (
+        "The supervisor on the head needs every node of the rank group in the run, and worker is left out"
+        in shown
+    ), head_alone.stdout[-3000:]
 
 
 def test_an_mtu_that_differs_between_the_nodes_fails_preflight_on_the_node_whose_frames_are_lost(lab):

@@ -165,6 +165,11 @@ def test_status_exits_0_on_a_healthy_pair_and_speaks_json(supervised):
     assert document["healthy"] is True and document["problems"] == []
     assert [node["status"]["state"] for node in document["nodes"]] == ["running", "running"]
     assert document["supervisor"]["state"] == "healthy"
+    # --check looks the same: every probe runs in check mode too (uri would skip itself).
+    checked = status("--check", "-e", "status_format=json")
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    (shown,) = checked.results_of("Show the deployment's state", "head")
+    assert json.loads(shown["msg"])["problems"] == []
 
 
 def _stream_until(key: str, stop: threading.Event) -> None:

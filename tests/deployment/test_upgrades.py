@@ -345,3 +345,20 @@ def test_a_new_checkpoint_revision_is_fetched_while_serving_switched_and_old_one
         f"fetched next to the serving one in {fetch_seconds:.0f} s (only the changed file downloaded, the"
         f" rest linked) with {tally['answered']} questions all answered; then switched",
     )
+
+
+def test_a_switch_not_waited_for_is_recorded_without_the_checks_and_kept(serving):
+    """WAIT=0 (rank_wait_for_api false): the run returns while the new ranks boot, so the smoke
+    checks, which need the API, are not run; nothing rolls back what they could not judge."""
+    lab = serving
+    good = variant("good", "STANDIN_VARIANT=good")
+    not_waiting = {"deployment_image": good, "rank_wait_for_api": False}
+    # A boot that outlasts the run: checks asked at once would find no API.
+    not_waiting["rank_extra_env"] = {"STANDIN_BOOT_SECONDS": "20"}
+    run, _ = site("-e", json.dumps(not_waiting))
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "recorded without the smoke checks" in " ".join(run.stdout.split())
+    assert rank_images(lab) == {good}
+    current = record_of(lab)["current"]
+    assert (current["image"], current["smoke"]) == (good, "not run (rank_wait_for_api is false)"), current
+    assert wait_for(smoke_passes, timeout=90), "the new ranks come up after the run"
