@@ -102,6 +102,11 @@ from dsv41_supervisor_settings import (  # installed beside this program
 # urlopen's shape (method, URL, headers, body, timeout): the tests fake the engine with one.
 Http = Callable[[str, str, Mapping[str, str], "bytes | None", float], HttpResult]
 
+# Measured on the real-engine lab (2026-12-06): a head rank killed (`docker kill`) cut the probe's
+# connection, and its status read at once still said running; a failed probe is a fault, rare, so
+# a second's wait before the ranks are read again costs nothing.
+PROBE_SETTLE_SECONDS = 1.0
+
 # The metrics need prometheus_client (python3-prometheus-client); supervising never does.
 try:
     import dsv41_supervisor_metrics as supervisor_metrics  # installed beside this program
@@ -165,6 +170,7 @@ class Supervisor:
         run: Runner,
         http: Http,
         clock: Callable[[], float],
+        sleep: Callable[[float], None],
         metrics: supervisor_metrics.SupervisorMetrics | None = None,
     ) -> None:
         self.settings = settings
@@ -172,6 +178,7 @@ class Supervisor:
         self.run = run
         self.http = http
         self.clock = clock
+        self.sleep = sleep
         self.metrics = metrics
         self.memory = Memory(since=clock())
         self.last_obs: Observation | None = None
@@ -233,7 +240,9 @@ class Supervisor:
                 # Read again: progress while the probe waited (the KV cache filling during a long
                 # prefill) means it queued behind real work, not that the engine is stuck; and a
                 # rank lost meanwhile (a killed worker makes the head answer 500 and exit) is a
-                # lost rank, not a hang.
+                # lost rank, not a hang. A killed engine cuts the probe's connection before Docker
+                # says its container exited: the ranks are read after a moment.
+                self.sleep(PROBE_SETTLE_SECONDS)
                 after = self.get_metrics()
                 ranks = self.collect_ranks()
         return Observation(ranks, health, health_detail, metrics, probe, lock, mtime, taken, after)
@@ -493,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     metrics = None if args.once else build_metrics(settings, log)
     supervisor = Supervisor(
-        settings, log, run=run_command, http=http_request, clock=time.time, metrics=metrics
+        settings, log, run=run_command, http=http_request, clock=time.time, sleep=time.sleep, metrics=metrics
     )
     with shared.stop_on_signals():
         try:

@@ -318,7 +318,18 @@ class Harness:
         log = sup.RotatingLog(
             self.log_path, self.settings.log_max_bytes, self.settings.log_backups, self.clock.time, echo=False
         )
-        self.sup = sup.Supervisor(self.settings, log, run=self.cluster, http=self.api, clock=self.clock.time)
+        self.sup = sup.Supervisor(
+            self.settings, log, run=self.cluster, http=self.api, clock=self.clock.time, sleep=self.sleep
+        )
+        self.settles: list[float] = []
+        self.on_settle: Any = None  # called as the supervisor waits inside a tick (what happens meanwhile)
+
+    def sleep(self, seconds: float) -> None:
+        """The supervisor's own waits inside a tick, kept out of the fake clock (the loop's sleep is
+        the test's, and the cases' timings are the loop's)."""
+        self.settles.append(seconds)
+        if self.on_settle is not None:
+            self.on_settle()
 
     @property
     def head(self) -> FakeNode:
@@ -2724,6 +2735,29 @@ def test_a_worker_killed_while_the_probe_waits_is_a_lost_rank_not_a_hang(h: Harn
     assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "rank_lost"}) == 1
     assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "hang"}) == 0
     assert "action=restart: lost rank 1 on spark-b: exited, exit code 137" in h.log_lines("decision")[-1]
+
+
+def test_a_head_killed_under_the_probe_is_a_lost_rank_once_docker_says_so(h: Harness) -> None:
+    """Measured on the real engine (2026-12-06): `docker kill` of the head's rank cut the probe's
+    connection, and the rank's status read at once still said running. The ranks are read again
+    after a moment, which Docker needs to say the container exited."""
+    registry = with_metrics(h)
+    h.adopt_healthy()
+    h.tick()
+
+    def engine_killed() -> None:
+        h.api.probe_status, h.api.metrics_up = None, False  # the connection is cut, the rank not yet gone
+
+    def docker_says_exited() -> None:
+        h.head.die(137)
+
+    h.api.on_probe, h.on_settle = engine_killed, docker_says_exited
+    h.until(lambda: h.sup.memory.state is not sup.State.HEALTHY)
+    h.api.on_probe = h.on_settle = None
+    assert h.settles == [sup.PROBE_SETTLE_SECONDS]
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "rank_lost"}) == 1
+    assert registry.get_sample_value("dsv41_group_faults_total", {"cause": "hang"}) == 0
+    assert "action=restart: lost rank 0 on spark-a: exited, exit code 137" in h.log_lines("decision")[-1]
 
 
 def test_metrics_count_each_hang_and_the_restart_after_each_backoff_for_it(h: Harness) -> None:
