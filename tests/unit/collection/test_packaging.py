@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -69,12 +70,24 @@ def test_the_artifact_ships_no_stand_in_and_no_test(artifact):
     assert not [name for name in artifact.getnames() if "standin" in name.lower()]
 
 
-def test_the_declared_minimum_ansible_has_every_keyword_the_roles_use():
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def test_every_role_declares_the_collections_minimum_ansible_which_the_tested_core_meets():
     runtime = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())
-    minimum = tuple(int(part) for part in runtime["requires_ansible"].removeprefix(">=").split(".")[:2])
-    uses_break_when = any("break_when:" in path.read_text() for path in (REPO / "roles").rglob("*.yml"))
-    # loop_control.break_when arrived in ansible-core 2.18.
-    assert not uses_break_when or minimum >= (2, 18)
+    minimum = runtime["requires_ansible"].removeprefix(">=")
+    roles = sorted((REPO / "roles").glob("*/meta/main.yml"))
+    assert len(roles) >= 10
+    declared = {
+        path.parts[-3]: yaml.safe_load(path.read_text())["galaxy_info"]["min_ansible_version"]
+        for path in roles
+    }
+    assert set(declared.values()) == {minimum.rsplit(".", 1)[0]}, declared
+    # The suite runs the pinned ansible-core: the declared minimum must not be newer than it.
+    pinned = re.search(r"^ansible-core==([0-9.]+)$", (REPO / "requirements.txt").read_text(), re.MULTILINE)
+    assert pinned, "requirements.txt pins ansible-core"
+    assert version(minimum) <= version(pinned.group(1)), (minimum, pinned.group(1))
 
 
 def test_runtime_requirements_bring_the_collections_the_roles_use():

@@ -118,7 +118,7 @@ def gateway(tmp_path: Path, key: str = KEY, **overrides) -> Iterator[str]:
 
 def ask(url: str, key: str | None = None, method: str = "GET") -> int:
     request = urllib.request.Request(
-        url, method=method, headers={"Authorization": f"Bearer {key}"} if key else {}
+        url, method=method, headers={"Authorization": f"Bearer {key}"} if key is not None else {}
     )
     opener = urllib.request.build_opener(
         urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ssl._create_unverified_context())

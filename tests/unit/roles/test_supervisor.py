@@ -1447,31 +1447,47 @@ def test_decide_fabric(observation: Any, memory: Any, expected: tuple) -> None:
 
 
 @pytest.mark.parametrize(
-    ("observation", "memory"),
+    ("observation", "memory", "expected"),
     [
-        pytest.param(obs(), mem(), id="healthy"),
-        pytest.param(obs(rank("spark-a"), EXITED), mem(), id="lost-rank"),
-        pytest.param(obs(rank("spark-a"), UNREACHABLE), mem(), id="unreachable"),
-        pytest.param(obs(metrics=sup.Metrics(2.0, 0.0, 5000.0)), mem(last_progress=NOW - 60), id="hang"),
+        pytest.param(obs(), mem(), ("none", "healthy"), id="healthy"),
+        pytest.param(obs(rank("spark-a"), EXITED), mem(), ("restart", "starting"), id="lost-rank"),
+        pytest.param(obs(rank("spark-a"), UNREACHABLE), mem(), ("stop", "node_wait"), id="unreachable"),
         pytest.param(
-            obs(health=None), mem(sup.State.STARTING, group_started=NOW - 600), id="startup-timeout"
+            obs(metrics=sup.Metrics(2.0, 0.0, 5000.0), probe=PROBE_TIMEOUT),
+            mem(last_progress=NOW - 60),
+            ("restart", "starting"),
+            id="hang",
         ),
-        pytest.param(obs(rank("spark-a"), EXITED), sup.Memory(since=NOW), id="first-look"),
         pytest.param(
-            obs(rank("spark-a"), rank("spark-b", memguard_last_kill=T0 + 1)), mem(), id="memguard-kill"
+            obs(health=None),
+            mem(sup.State.STARTING, group_started=NOW - 600),
+            ("none", "backoff"),
+            id="startup-timeout",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), EXITED), sup.Memory(since=NOW), ("restart", "starting"), id="first-look"
+        ),
+        pytest.param(
+            obs(rank("spark-a"), rank("spark-b", memguard_last_kill=T0 + 1)),
+            mem(),
+            ("stop", "memory_wait"),
+            id="memguard-kill",
         ),
     ],
 )
-def test_without_fabric_information_the_decisions_are_unchanged(observation: Any, memory: Any) -> None:
-    """No node says anything of its fabric (null, or a rankctl without it): no fabric rule."""
-    with_null = obs(
-        *(r._replace(fabric=None) for r in observation.ranks),
-        health=observation.health,
-        metrics=observation.metrics,
-    )
-    decision = sup.decide(with_null, memory, NOW, SETTINGS)
-    assert decision == sup.decide(observation, memory, NOW, SETTINGS)
-    assert decision.state is not sup.State.FABRIC_WAIT
+def test_without_fabric_information_the_decisions_are_unchanged(
+    observation: Any, memory: Any, expected: tuple[str, str]
+) -> None:
+    """No node says anything of its fabric (null, or a rankctl without it): the decision is the one
+    taken with every link up, so no fabric rule applies."""
+
+    def with_fabric(fabric: Any) -> Any:
+        ranks = (r._replace(fabric=fabric) for r in observation.ranks)
+        return obs(*ranks, health=observation.health, metrics=observation.metrics, probe=observation.probe)
+
+    decision = sup.decide(with_fabric(None), memory, NOW, SETTINGS)
+    assert (decision.action.value, decision.state.value) == expected, decision.reason
+    assert decision == sup.decide(with_fabric(LINK_UP), memory, NOW, SETTINGS)
 
 
 def test_restart_and_stop_plans_order() -> None:
@@ -2277,12 +2293,13 @@ def test_the_key_is_read_at_each_use_and_never_logged(h: Harness) -> None:
     h.tick()
     h.key_file.write_text("rotated-key\n")
     h.api.probe_status = 500
-    h.api.probe_body = f'{{"error": "bad key {KEY}"}}'  # even a server echoing it
+    h.api.probe_body = '{"error": "bad key rotated-key"}'  # even a server echoing the key in use
     h.clock.now += 60
     h.tick(2)
     assert h.api.probes[1]["headers"]["Authorization"] == "Bearer rotated-key"
     everything = h.log_path.read_text() + (h.state_dir / "supervisor-state.json").read_text()
-    assert "rotated-key" not in everything and "hang: the probe failed: HTTP 500" in everything
+    assert "rotated-key" not in everything and "bad key <key>" in everything
+    assert "hang: the probe failed: HTTP 500" in everything
 
 
 def test_metrics_down_probes_instead(h: Harness) -> None:

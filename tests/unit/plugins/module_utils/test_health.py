@@ -247,8 +247,8 @@ def test_a_kernel_updated_on_one_node_shows_between_nodes_and_since_the_deployme
     report = verdict(_with_stacks(STACK, updated), deployments=record)
     assert report["host_stack_changes"] == [
         "kernel differs between nodes: head 6.17.0-1014-nvidia; worker 7.0.0-1019-nvidia",
-        "worker: kernel 6.17.0-1014-nvidia -> 7.0.0-1019-nvidia since the deployment of "
-        + _when_text(NOW - 3600),
+        "worker: kernel 6.17.0-1014-nvidia -> 7.0.0-1019-nvidia"
+        " since the deployment of 2027-01-15 07:00:00 UTC",
     ]
     # Shown, not judged: preflight stops on known-bad versions.
     assert report["healthy"]
@@ -261,12 +261,6 @@ def test_firmware_is_compared_device_by_device_and_an_old_record_without_stacks_
     assert report["host_stack_changes"] == [
         "nic_firmware differs between nodes: head rocep1s0f1 28.45.4028; worker rocep1s0f1 28.45.5000"
     ]
-
-
-def _when_text(epoch: float) -> str:
-    from ansible_collections.sparkserve.dsv41.plugins.module_utils._health import _when
-
-    return _when(epoch)
 
 
 def test_the_image_versions_recorded_with_the_deployment_are_shown():
