@@ -2,7 +2,7 @@
 #   make lab    bring the lab up and run the main job (site.yml) on it
 #   (make lab-vllm: the same two nodes serving a tiny model with the real vLLM engine, CPU build)
 #   make test   the whole suite: linters, ansible-test sanity, unit tests, the stand-ins, lab acceptance,
-#               molecule (the stand-in engine's labs, then the real engine's)
+#               molecule (the stand-in engine's labs and, beside them, the real engine's)
 # Both work from a fresh clone as root: they install what they need.
 
 SHELL := /bin/bash
@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export HF_HUB_DISABLE_XET := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: molecule-real-engine lab lab-vllm lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools images
+.PHONY: molecule-stand-in molecule-real-engine lab lab-vllm lab-up lab-down test lint sanity unit standins lab-test molecule deps engine tools images
 
 deps: $(VENV)/.installed
 
@@ -37,9 +37,10 @@ images: engine
 lab: deps lab-up
 	ansible-playbook site.yml -i inventory/lab
 
-# The real engine: vLLM's CPU build and a tiny trained model, through inventory/lab-vllm and its recipe.
+# The real engine: vLLM's CPU build and a tiny trained model, through inventory/lab-vllm and its recipe,
+# on the second lab (the inventory's lab_instance), which runs beside the first.
 lab-vllm: deps
-	python3 lab/labctl.py up --vllm
+	SPARKSERVE_LAB_INSTANCE=1 python3 lab/labctl.py up --vllm
 	ansible-playbook site.yml -i inventory/lab-vllm/hosts.yml
 
 lab-up:
@@ -47,6 +48,7 @@ lab-up:
 
 lab-down:
 	python3 lab/labctl.py down
+	SPARKSERVE_LAB_INSTANCE=1 python3 lab/labctl.py down
 
 # The checks that need no lab run side by side with the build of the lab's images and, once they
 # are built, the lab's acceptance tests (which mostly wait on containers; make prints each one's
@@ -81,11 +83,14 @@ standins: deps
 lab-test: deps images
 	pytest tests/lab
 
-# The stand-in engine's labs (the DeepSeek recipe), then the real engine's (recipe tiny-chat).
-molecule: deps engine
+# The stand-in engine's labs (the DeepSeek recipe) and, beside them on a lab of its own, the real
+# engine's (recipe tiny-chat): make prints each one's output whole when it ends.
+molecule: deps images
+	$(MAKE) --jobs=2 --output-sync=target molecule-stand-in molecule-real-engine
+
+molecule-stand-in: deps engine
 	molecule test --scenario-name default
 	molecule test --scenario-name three-nodes
-	molecule test --scenario-name real-engine
 
 # The real engine's scenario alone.
 molecule-real-engine: deps engine

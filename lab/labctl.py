@@ -11,6 +11,12 @@ stand-in engine image by digest.
     python3 lab/labctl.py down    # remove every container, network, volume and process of it
     python3 lab/labctl.py status  # what runs
 
+Two labs can run side by side on one machine (CI runs the real engine's beside the stand-in's):
+SPARKSERVE_LAB_INSTANCE numbers them (0, the lab of inventory/lab, unless set), and everything of
+one lab follows from its number: its networks' subnets, its containers' and volumes' names (the
+nodes' hostnames stay head, worker...), its services' ports and its state directory. Each command
+acts on its own lab only.
+
 Only the standard library: this runs before any virtualenv exists.
 """
 
@@ -35,37 +41,57 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STANDINS = REPO / "lab" / "standins"
-STATE = Path(os.environ.get("SPARKSERVE_LAB_STATE", REPO / ".lab"))
+# Every lab's state lives here; what outlives one lab (the vLLM wheels, the suites' results) too.
+LAB_ROOT = Path(os.environ.get("SPARKSERVE_LAB_STATE", REPO / ".lab"))
 LABEL = "sparkserve.lab"
+INSTANCE_LABEL = "sparkserve.lab.instance"
+INSTANCES = range(10)  # the subnets and ports below leave room for ten
 SUITE = "bookworm"
 MIRROR = os.environ.get("SPARKSERVE_LAB_MIRROR", "http://deb.debian.org/debian")
 
-MGMT = ("sparkserve-mgmt", "198.19.0.0/24", "198.19.0.1")
-# The cabled QSFP port shows up as two PCIe halves: one subnet per half.
-FABRICS = (
-    ("sparkserve-fabric0", "198.18.0.0/24", "198.18.0.1", "enp1s0f1np1", "rocep1s0f1"),
-    ("sparkserve-fabric1", "198.18.1.0/24", "198.18.1.1", "enP2p1s0f1np1", "roceP2p1s0f1"),
+
+def lab_instance() -> int:
+    value = os.environ.get("SPARKSERVE_LAB_INSTANCE", "0")
+    if not value.isdigit() or int(value) not in INSTANCES:
+        sys.exit(f"[lab] error: SPARKSERVE_LAB_INSTANCE={value!r}: a number from 0 to {INSTANCES[-1]}")
+    return int(value)
+
+
+INSTANCE = lab_instance()
+STATE = LAB_ROOT / f"instance-{INSTANCE}" if INSTANCE else LAB_ROOT
+PREFIX = f"lab{INSTANCE}-" if INSTANCE else ""  # of the containers, volumes and networks
+MGMT = (f"{PREFIX}sparkserve-mgmt", f"198.19.{INSTANCE}.0/24", f"198.19.{INSTANCE}.1")
+# The cabled QSFP port shows up as two PCIe halves: one subnet per half (lab n: 198.18.2n, 2n+1).
+FABRICS = tuple(
+    (f"{PREFIX}sparkserve-fabric{half}", f"198.18.{octet}.0/24", f"198.18.{octet}.1", ifname, hca)
+    for half, ifname, hca in ((0, "enp1s0f1np1", "rocep1s0f1"), (1, "enP2p1s0f1np1", "roceP2p1s0f1"))
+    for octet in [2 * INSTANCE + half]
 )
 # The Spark's other port is not cabled: its devices exist but stay DOWN.
 UNCABLED = (("rocep1s0f0", "enp1s0f0np0"), ("roceP2p1s0f0", "enP2p1s0f0np0"))
 MGMT_IFNAME = "wlP9s9"  # a decoy that holds IPv4, as Wi-Fi does on a real Spark
 FABRIC_MTU = 9000
-REGISTRY_PORT = 5000
-HUB_PORT = 5080
-WHEELS_PORT = 5081
+PORT_OFFSET = 100 * INSTANCE
+REGISTRY_PORT = 5000 + PORT_OFFSET
+HUB_PORT = 5080 + PORT_OFFSET
+WHEELS_PORT = 5081 + PORT_OFFSET
 # The lab's Prometheus (Debian's package), on this machine's loopback: it scrapes the head's API
 # gateway as an owner's Prometheus would, with the API key from PROMETHEUS_KEY_FILE.
-PROMETHEUS_PORT = 9390
+PROMETHEUS_PORT = 9390 + PORT_OFFSET
 PROMETHEUS_DIR = STATE / "prometheus"
 PROMETHEUS_KEY_FILE = PROMETHEUS_DIR / "api_key"  # the tests write the deployment's key here
 # The registry's storage is a cache, as Docker's image store is: it outlives `down` (and a fresh
 # clone), so the real engine's 2.6 GB image is not pushed again by every `up --vllm`. Each `up`
-# still pushes, and the nodes pull by the digest that push returns.
-REGISTRY_STORAGE = Path(
+# still pushes, and the nodes pull by the digest that push returns. One storage per lab: two
+# registries never write the same files.
+_REGISTRY_CACHE = Path(
     os.environ.get(
         "SPARKSERVE_LAB_REGISTRY",
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sparkserve-lab" / "registry",
     )
+)
+REGISTRY_STORAGE = (
+    _REGISTRY_CACHE.with_name(f"{_REGISTRY_CACHE.name}-{INSTANCE}") if INSTANCE else _REGISTRY_CACHE
 )
 API_PORT = 8000  # the inventories' deployment_api_port
 HUB_REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
@@ -81,9 +107,13 @@ SYSFS_ROOT = "/opt/sparkserve-lab/sysfs"
 
 @dataclass(frozen=True)
 class Node:
-    name: str
+    name: str  # the hostname and the inventory's name
     host_octet: int
     gid_index: int
+
+    @property
+    def container(self) -> str:
+        return PREFIX + self.name
 
     def address(self, subnet_gateway: str) -> str:
         return subnet_gateway.rsplit(".", 1)[0] + f".{self.host_octet}"
@@ -121,7 +151,8 @@ ln -sf /etc/systemd/system/lab-ssh-hostkeys.service \
 printf 'PasswordAuthentication no\\nPermitRootLogin prohibit-password\\n' \
   > /etc/ssh/sshd_config.d/lab.conf
 mkdir -p /etc/docker
-printf '{{"insecure-registries": ["198.18.0.1:{REGISTRY_PORT}"]}}\\n' > /etc/docker/daemon.json
+# Every lab's registry, on its first fabric network's gateway.
+printf '{{"insecure-registries": ["198.18.0.0/16"]}}\\n' > /etc/docker/daemon.json
 useradd --create-home --shell /bin/bash --groups docker,sudo {LAB_USER}
 echo '{LAB_USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{LAB_USER}
 chmod 0440 /etc/sudoers.d/{LAB_USER}
@@ -200,7 +231,10 @@ CONTROLLER_PACKAGES = ("openssh-client", "rsync", "haproxy")
 
 
 def ensure_controller_tools() -> None:
-    apt_install(*CONTROLLER_PACKAGES)
+    """What this machine runs for the lab, installed before any lab starts: apt takes one install at
+    a time, and two labs may start side by side."""
+    apt_install(*CONTROLLER_PACKAGES, "docker-registry")
+    apt_install("prometheus", recommends=False, start_services=False)  # not its node exporter
 
 
 def ensure_engine() -> None:
@@ -359,7 +393,6 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
 
 
 def start_registry() -> None:
-    apt_install("docker-registry")
     REGISTRY_STORAGE.mkdir(parents=True, exist_ok=True)
     config = STATE / "registry.yml"
     config.write_text(
@@ -486,7 +519,6 @@ def prometheus_config(head_address: str, nodes: list[str]) -> dict:
 
 
 def start_prometheus(nodes: list[Node]) -> None:
-    apt_install("prometheus", recommends=False, start_services=False)  # not its node exporter
     PROMETHEUS_DIR.mkdir(parents=True, exist_ok=True)
     config = PROMETHEUS_DIR / "prometheus.yml"
     # JSON is YAML; Prometheus reads the key file at every scrape, so it may come later.
@@ -563,6 +595,8 @@ def ensure_network(name: str, subnet: str, gateway: str, mtu: int | None = None)
         gateway,
         "--label",
         f"{LABEL}=network",
+        "--label",
+        f"{INSTANCE_LABEL}={INSTANCE}",
     ]
     if mtu:
         args += ["--opt", f"com.docker.network.driver.mtu={mtu}"]
@@ -582,18 +616,18 @@ def node_exec(node: str, script: str, *, user: str = "root") -> str:
 
 
 def create_node(node: Node, image: str) -> None:
-    state = docker("inspect", "--format", "{{.State.Running}} {{.Config.Image}}", node.name, check=False)
+    state = docker("inspect", "--format", "{{.State.Running}} {{.Config.Image}}", node.container, check=False)
     if state.returncode == 0:
         running, current_image = state.stdout.split()
         if current_image == image and running == "true":
             return
         if current_image != image:
             raise LabError(
-                f"container {node.name} runs {current_image}, not {image}: run 'labctl down' first"
+                f"container {node.container} runs {current_image}, not {image}: run 'labctl down' first"
             )
-        docker("start", node.name)
+        docker("start", node.container)
         return
-    log(f"creating node {node.name}")
+    log(f"creating node {node.container}")
     capabilities = [
         "SYS_ADMIN",
         "NET_ADMIN",
@@ -625,11 +659,13 @@ def create_node(node: Node, image: str) -> None:
     args = [
         "create",
         "--name",
-        node.name,
+        node.container,
         "--hostname",
         node.name,
         "--label",
         f"{LABEL}=node",
+        "--label",
+        f"{INSTANCE_LABEL}={INSTANCE}",
         "--network",
         MGMT[0],
         "--ip",
@@ -642,8 +678,8 @@ def create_node(node: Node, image: str) -> None:
         "-v",
         "/sys/fs/cgroup:/sys/fs/cgroup:rw",
         "--mount",
-        f"type=volume,source=sparkserve-lab-{node.name}-docker,target=/var/lib/docker,"
-        f"volume-label={LABEL}=volume",
+        f"type=volume,source=sparkserve-lab-{node.container}-docker,target=/var/lib/docker,"
+        f"volume-label={LABEL}=volume,volume-label={INSTANCE_LABEL}={INSTANCE}",
         "--tmpfs",
         "/run",
         "--tmpfs",
@@ -660,8 +696,8 @@ def create_node(node: Node, image: str) -> None:
         args += ["--cap-add", capability]
     docker(*args, image, "/lib/systemd/systemd")
     for network, _subnet, gateway, _ifname, _hca in FABRICS:
-        docker("network", "connect", "--ip", node.address(gateway), network, node.name)
-    docker("start", node.name)
+        docker("network", "connect", "--ip", node.address(gateway), network, node.container)
+    docker("start", node.container)
 
 
 def wait_for_systemd(node: str) -> None:
@@ -737,7 +773,7 @@ def interface_macs(node: Node) -> dict[str, str]:
     by_mac = {}
     for address, ifname in wanted.items():
         mac = node_exec(
-            node.name,
+            node.container,
             f"cur=$(ip -o -4 addr show | awk '$4 ~ /^{address}\\// {{print $2}}');"
             ' cat /sys/class/net/"$cur"/address',
         ).strip()
@@ -751,17 +787,18 @@ def configure_node(node: Node, public_key: str) -> None:
     """Give the node the Spark's interface names (now and at every boot), the fixture sysfs tree and
     our SSH key."""
     by_mac = interface_macs(node)
-    write_node_file(node.name, NETNAMES_SCRIPT, netnames_script(by_mac), mode="0755")
-    write_node_file(node.name, f"/etc/systemd/system/{NETNAMES_UNIT}", NETNAMES_UNIT_TEXT, mode="0644")
-    node_exec(node.name, f"systemctl daemon-reload && systemctl enable {NETNAMES_UNIT} && {NETNAMES_SCRIPT}")
+    container = node.container
+    write_node_file(container, NETNAMES_SCRIPT, netnames_script(by_mac), mode="0755")
+    write_node_file(container, f"/etc/systemd/system/{NETNAMES_UNIT}", NETNAMES_UNIT_TEXT, mode="0644")
+    node_exec(container, f"systemctl daemon-reload && systemctl enable {NETNAMES_UNIT} && {NETNAMES_SCRIPT}")
 
-    docker("exec", node.name, "mkdir", "-p", "/opt/sparkserve-lab")
-    docker("cp", str(STANDINS / "sysfs" / "make_rdma_sysfs.py"), f"{node.name}:/opt/sparkserve-lab/")
-    docker("exec", node.name, *sysfs_fixture_argv(SYSFS_ROOT, node.gid_index))
+    docker("exec", container, "mkdir", "-p", "/opt/sparkserve-lab")
+    docker("cp", str(STANDINS / "sysfs" / "make_rdma_sysfs.py"), f"{container}:/opt/sparkserve-lab/")
+    docker("exec", container, *sysfs_fixture_argv(SYSFS_ROOT, node.gid_index))
 
     home = f"/home/{LAB_USER}"
     node_exec(
-        node.name,
+        container,
         f"install -d -m 0700 -o {LAB_USER} -g {LAB_USER} {home}/.ssh && "
         f"printf '%s\\n' '{public_key}' > {home}/.ssh/authorized_keys && "
         f"chown {LAB_USER}:{LAB_USER} {home}/.ssh/authorized_keys && "
@@ -825,14 +862,14 @@ def up(args: argparse.Namespace) -> None:
     for node in nodes:
         create_node(node, node_ref)
     for node in nodes:
-        wait_for_systemd(node.name)
+        wait_for_systemd(node.container)
         configure_node(node, public_key)
         wait_for_ssh(node, key)
     (STATE / "nodes.json").write_text(json.dumps([n.name for n in nodes]))
     start_prometheus(nodes)
     log(
-        f"up in {time.monotonic() - started:.0f} s: engine image "
-        f"198.18.0.1:{REGISTRY_PORT}/{ENGINE_REPO}@{digest}; hub http://{MGMT[2]}:{HUB_PORT}"
+        f"lab {INSTANCE} up in {time.monotonic() - started:.0f} s: engine image "
+        f"{FABRICS[0][2]}:{REGISTRY_PORT}/{ENGINE_REPO}@{digest}; hub http://{MGMT[2]}:{HUB_PORT}"
     )
 
 
@@ -854,9 +891,25 @@ def publish_vllm() -> None:
     vllm_engine.make_model(image, STATE / "hub" / VLLM_MODEL_REPO, "good")
 
 
+def lab_listing(kind: str, field: str = "") -> list[tuple[str, str]]:
+    """(name, ``field``) of this lab's containers, volumes or networks. Resources made before labs
+    were numbered carry no number: they are lab 0's."""
+    name = "{{.Names}}" if kind == "container" else "{{.Name}}"
+    listing = docker(
+        kind,
+        "ls",
+        *(["--all"] if kind == "container" else []),
+        "--filter",
+        f"label={LABEL}",
+        "--format",
+        f'{name}\t{{{{.Label "{INSTANCE_LABEL}"}}}}\t{field}',
+    ).stdout
+    rows = [line.split("\t", 2) for line in listing.splitlines() if line]
+    return [(row[0], row[2]) for row in rows if (row[1] or "0") == str(INSTANCE)]
+
+
 def lab_resources(kind: str) -> list[str]:
-    listing = docker(kind, "ls", "-q" if kind != "container" else "-aq", "--filter", f"label={LABEL}").stdout
-    return listing.split()
+    return [name for name, _ in lab_listing(kind)]
 
 
 def down(_args: argparse.Namespace) -> None:
@@ -885,18 +938,37 @@ def down(_args: argparse.Namespace) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
-    log("down")
+    log(f"lab {INSTANCE} down")
 
 
 def status(_args: argparse.Namespace) -> None:
     if not docker_ok("info"):
         print("docker engine: not answering")
         return
-    print(
-        docker("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}\t{{.Status}}").stdout, end=""
-    )
+    for name, state in lab_listing("container", "{{.Status}}"):
+        print(f"{name}\t{state}")
     for name in ("registry", "hub", "wheels", "prometheus"):
         print(f"{name}: {'running' if pid_alive(STATE / f'{name}.pid') else 'stopped'}")
+
+
+def layout(workers: int) -> dict:
+    """This lab's names, addresses, ports and state directory: what its inventory must name."""
+    return {
+        "instance": INSTANCE,
+        "state": str(STATE),
+        "nodes": {
+            node.name: {
+                "container": node.container,
+                "mgmt": node.address(MGMT[2]),
+                "fabric": node.address(FABRICS[0][2]),
+            }
+            for node in nodes_for(workers)
+        },
+        "registry": f"{FABRICS[0][2]}:{REGISTRY_PORT}",
+        "hub": f"http://{MGMT[2]}:{HUB_PORT}",
+        "wheels": f"http://{MGMT[2]}:{WHEELS_PORT}/",
+        "prometheus": f"http://127.0.0.1:{PROMETHEUS_PORT}",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -920,12 +992,15 @@ def main(argv: list[str] | None = None) -> int:
     up_parser.set_defaults(func=up)
     commands.add_parser("down", help="remove the lab").set_defaults(func=down)
     commands.add_parser("status", help="show the lab").set_defaults(func=status)
+    layout_parser = commands.add_parser("layout", help="print the lab's names, addresses and ports (JSON)")
+    layout_parser.add_argument("--workers", type=int, default=1, help="number of worker nodes (default 1)")
+    layout_parser.set_defaults(func=lambda a: print(json.dumps(layout(a.workers), indent=1)))
     commands.add_parser("engine", help="only make sure a Docker engine answers").set_defaults(
         func=lambda _a: ensure_engine()
     )
-    commands.add_parser("tools", help="only install the controller's tools (ssh, rsync)").set_defaults(
-        func=lambda _a: ensure_controller_tools()
-    )
+    commands.add_parser(
+        "tools", help="only install what this machine runs for the lab (ssh, rsync, the registry, Prometheus)"
+    ).set_defaults(func=lambda _a: ensure_controller_tools())
     images_parser = commands.add_parser("images", help="only build the lab's images that are missing")
     images_parser.add_argument("--vllm", action="store_true", help="the real vLLM engine's image too")
     images_parser.set_defaults(func=build_all_images)

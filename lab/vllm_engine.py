@@ -47,7 +47,7 @@ log = labctl.log
 
 HERE = Path(__file__).resolve().parent / "vllm"
 LOCK = HERE / "requirements.lock"
-WHEELHOUSE = labctl.STATE / "vllm-wheels"
+WHEELHOUSE = labctl.LAB_ROOT / "vllm-wheels"  # every lab's
 IMAGE_REPO = "sparkserve-lab/vllm-cpu"
 # libnuma1: vllm._C links libnuma.so.1.
 BASE_PACKAGES = "python3,python3-venv,libnuma1"

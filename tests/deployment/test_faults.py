@@ -36,12 +36,22 @@ from deployment_support import (
     supervisor_state,
     user_environment,
 )
-from lab_support import HUB_ENDPOINT, MGMT_ADDRESS, REPO, STATE, labctl, wait_for
+from lab_support import (
+    CONTAINER,
+    HUB_ENDPOINT,
+    LAB_ROOT,
+    MGMT_ADDRESS,
+    REPO,
+    STATE,
+    labctl,
+    machine_memory,
+    wait_for,
+)
 
 RANKS = {"head": 0, "worker": 1}
 CHAT_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/chat/completions"
 METRICS_URL = f"http://{MGMT_ADDRESS['head']}:8000/metrics"
-RESULTS = STATE / "fault-suite.json"
+RESULTS = LAB_ROOT / "fault-suite.json"
 # Short enough that a case waits little for the last one's group to count as recovered (the hang
 # threshold plus a probe's timeout and a look: 22 s), long enough for the stand-in's answers.
 FAST = {
@@ -211,7 +221,9 @@ def inject(lab, key: str, fault: str) -> threading.Event | None:
     elif fault == "head rank killed":
         lab.ssh("head", "docker kill dsv41-r0")
     elif fault == "worker rebooted":
-        subprocess.run(["docker", "restart", "worker"], check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            ["docker", "restart", CONTAINER["worker"]], check=True, capture_output=True, timeout=120
+        )
         assert wait_for(lambda: lab.ssh("worker", "true", check=False).returncode == 0, timeout=120)
     else:
         traffic = threading.Event()
@@ -381,10 +393,19 @@ def mem_available_gib(lab) -> float:
     return int(line[1]) / 1024**2
 
 
-def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_memory_is_back(supervised, key):
+@pytest.fixture
+def machine_memory_to_itself():
+    with machine_memory(exclusive=True):
+        yield
+
+
+def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_memory_is_back(
+    supervised, key, machine_memory_to_itself
+):
     """The lab's nodes share this machine's memory: the guard's floor is set a little under what is
     available now, the stand-in's `leak` fault eats through it, and this test holds memory short
-    for a while after the kill (as the leak's owner would have) before it lets go."""
+    for a while after the kill (as the leak's owner would have) before it lets go. Another lab's
+    ranks, which share that memory too, neither start nor stop meanwhile (machine_memory)."""
     lab = supervised
     available = mem_available_gib(lab)
     floor = round(available - 2.5, 1)

@@ -23,9 +23,19 @@ import urllib.request
 
 import pytest
 from deployment_support import MODEL_DIR, STATE_DIR, api_key, model_dir, run_playbook, served_revision, site
-from lab_support import ENGINE_REPO, HUB_ENDPOINT, HUB_REPO, MGMT_ADDRESS, REGISTRY, STATE, labctl, wait_for
+from lab_support import (
+    ENGINE_REPO,
+    HUB_ENDPOINT,
+    HUB_REPO,
+    LAB_ROOT,
+    MGMT_ADDRESS,
+    REGISTRY,
+    STATE,
+    labctl,
+    wait_for,
+)
 
-RESULTS = STATE / "upgrade-suite.json"
+RESULTS = LAB_ROOT / "upgrade-suite.json"
 LOCAL_REGISTRY = f"127.0.0.1:{labctl.REGISTRY_PORT}"
 
 

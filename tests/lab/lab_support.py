@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shlex
 import subprocess
 import sys
@@ -14,9 +16,11 @@ sys.path.insert(0, str(REPO / "lab"))
 import labctl  # noqa: E402 - the lab's single source of addresses, names and SSH options
 
 LABCTL = [sys.executable, str(REPO / "lab" / "labctl.py")]
-STATE = labctl.STATE
+STATE = labctl.STATE  # this lab's (SPARKSERVE_LAB_INSTANCE)
+LAB_ROOT = labctl.LAB_ROOT  # every lab's: the suites' results
 LAB_USER = labctl.LAB_USER
 _NODES = labctl.nodes_for(1)
+CONTAINER = {node.name: node.container for node in _NODES}
 MGMT_ADDRESS = {node.name: node.address(labctl.MGMT[2]) for node in _NODES}
 FABRIC_ADDRESS = {node.name: node.address(labctl.FABRICS[0][2]) for node in _NODES}
 REGISTRY = f"{labctl.FABRICS[0][2]}:{labctl.REGISTRY_PORT}"
@@ -35,7 +39,7 @@ def labctl_run(*args: str) -> subprocess.CompletedProcess:
 
 
 def lab_resources() -> dict[str, list[str]]:
-    return {kind + "s": labctl.lab_resources(kind) for kind in ("container", "network", "volume")}
+    return {kind + "s": sorted(labctl.lab_resources(kind)) for kind in ("container", "network", "volume")}
 
 
 @dataclass
@@ -74,6 +78,17 @@ class Lab:
         subprocess.run(
             ["rsync", "-a", "-e", ssh, f"{source}/", f"{LAB_USER}@{MGMT_ADDRESS[node]}:{dest}/"], check=True
         )
+
+
+@contextlib.contextmanager
+def machine_memory(*, exclusive: bool):
+    """Labs side by side share this machine's memory, which every node's guard reads. A case that
+    sets a guard's floor from what is available now holds it ``exclusive``: the other lab's cases,
+    which start and stop ranks, hold it shared and wait."""
+    LAB_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(LAB_ROOT / "memory.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
 
 
 def wait_for(predicate, timeout: float, interval: float = 1.0):

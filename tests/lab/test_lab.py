@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import subprocess
 import time
@@ -14,6 +15,7 @@ from lab_support import (
     HUB_ENDPOINT,
     HUB_REPO,
     LAB_USER,
+    LABCTL,
     MGMT_ADDRESS,
     STATE,
     WHEELS_HOST,
@@ -183,9 +185,53 @@ def test_engine_started_by_hand_with_the_reference_command_line(lab):
             lab.ssh(node, f"docker rm -f dsv41-r{rank}; rm -rf ~/models/test ~/.dsv41-test", check=False)
 
 
-def test_down_leaves_nothing_and_a_cached_up_is_quick(lab):
-    labctl_run("down")
-    assert lab_resources() == {"containers": [], "networks": [], "volumes": []}
-    started = time.monotonic()
-    labctl_run("up")
-    assert time.monotonic() - started < 120, "with images cached the lab starts in under two minutes"
+def second_lab(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*LABCTL, *args],
+        env={**os.environ, "SPARKSERVE_LAB_INSTANCE": "1"},
+        check=True,
+        text=True,
+        capture_output=True,
+    )
+
+
+def second_lab_status() -> tuple[list[str], list[str]]:
+    """The second lab's containers and its services that run, as its `status` prints them."""
+    lines = second_lab("status").stdout.splitlines()
+    return [line.split("\t")[0] for line in lines if "\t" in line], [
+        line.split(":")[0] for line in lines if line.endswith(": running")
+    ]
+
+
+def test_down_leaves_nothing_of_its_lab_and_the_lab_beside_it_running_and_a_cached_up_is_quick(lab):
+    """A second lab (CI runs the real engine's beside the stand-in's) has its own nodes, networks and
+    services; `down` of either leaves the other serving."""
+    ours = lab_resources()
+    second = json.loads(second_lab("layout").stdout)
+    second_lab("up")
+    try:
+        head = second["nodes"]["head"]
+        assert head["container"] != "head" and head["mgmt"] != MGMT_ADDRESS["head"]
+        assert subprocess.run(["docker", "exec", head["container"], "hostname"], capture_output=True,
+                              text=True, check=True).stdout.strip() == "head"  # fmt: skip
+        links = subprocess.run(["docker", "exec", head["container"], "ip", "-br", "-4", "addr"],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert head["fabric"] in links and head["mgmt"] in links, links
+        assert http_status(f"http://{second['registry']}/v2/") == 200
+
+        labctl_run("down")
+        assert lab_resources() == {"containers": [], "networks": [], "volumes": []}
+        containers, services = second_lab_status()
+        assert sorted(containers) == sorted(n["container"] for n in second["nodes"].values())
+        assert sorted(services) == ["hub", "prometheus", "registry", "wheels"]
+        assert http_status(f"{second['wheels']}") == 200, "the second lab serves on"
+
+        started = time.monotonic()
+        labctl_run("up")
+        assert time.monotonic() - started < 120, "with images cached the lab starts in under two minutes"
+    finally:
+        second_lab("down")
+    assert second_lab_status() == ([], [])
+    assert lab_resources() == ours
+    assert lab.ssh("worker", "hostname").stdout.strip() == "worker"
+    assert http_status(WHEELS_URL) == 200

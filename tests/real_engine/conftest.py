@@ -12,13 +12,34 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+INVENTORY = str(Path(__file__).resolve().parents[2] / "inventory" / "lab-vllm" / "hosts.yml")
+# The lab that inventory names runs beside inventory/lab's: lab_support takes its addresses, ports
+# and state from lab/labctl.py, which reads the lab's number when it is imported, below.
+os.environ["SPARKSERVE_LAB_INSTANCE"] = str(
+    yaml.safe_load(Path(INVENTORY).read_text())["all"]["vars"]["lab_instance"]
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deployment"))
-from deployment_support import api_key
-from lab_support import PROMETHEUS_KEY_FILE, REGISTRY, REPO, STATE, Lab, wait_for
+from deployment_support import api_key  # noqa: E402 - after the lab's number is set above
+from lab_support import (  # noqa: E402 - as above
+    PROMETHEUS_KEY_FILE,
+    REGISTRY,
+    STATE,
+    Lab,
+    machine_memory,
+    wait_for,
+)
 
-INVENTORY = str(REPO / "inventory" / "lab-vllm" / "hosts.yml")
+
+@pytest.fixture(autouse=True)
+def _memory_shared_with_the_other_lab():
+    """Each case starts and stops ranks: not while the stand-in lab's leak case has set its guard's
+    floor from the memory available."""
+    with machine_memory(exclusive=False):
+        yield
 
 
 @pytest.fixture(scope="session")

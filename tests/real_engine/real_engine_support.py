@@ -11,12 +11,12 @@ import urllib.request
 
 from conftest import INVENTORY
 from deployment_support import PlaybookRun, run_playbook
-from lab_support import MGMT_ADDRESS, PROMETHEUS_URL, STATE
+from lab_support import LAB_ROOT, MGMT_ADDRESS, PROMETHEUS_URL
 
 MODEL = "tiny-chat"
 API = f"http://{MGMT_ADDRESS['head']}:8000"
 RANKS = {"head": 0, "worker": 1}
-RESULTS = STATE / "real-engine-suite.json"
+RESULTS = LAB_ROOT / "real-engine-suite.json"
 # From docker start to the API answering, measured on this 2-core machine: 45-100 s (platform facts).
 ENGINE_START_SECONDS = 120
 

@@ -12,10 +12,11 @@ import json
 import re
 
 from deployment_support import STATE_DIR
+from lab_support import FABRIC_ADDRESS
 from real_engine_support import playbook, record
 
 FABRIC_IF = "enp1s0f1np1"
-LINK = "head (enp1s0f1np1 198.18.0.13) <-> worker (enp1s0f1np1 198.18.0.11)"
+LINK = f"head ({FABRIC_IF} {FABRIC_ADDRESS['head']}) <-> worker ({FABRIC_IF} {FABRIC_ADDRESS['worker']})"
 
 
 def acceptance_record(lab) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 import vllm_engine  # the lab's builder of the image and the tiny models (lab/, on sys.path)
 import yaml
 from deployment_support import STATE_DIR, changed_nothing
-from lab_support import HUB_ENDPOINT, REPO, STATE
+from lab_support import HUB_ENDPOINT, LAB_ROOT, REPO, STATE
 from real_engine_support import MODEL, ask, playbook, record, served_models
 
 HUB_ORG = "sparkserve-lab"
@@ -65,7 +65,7 @@ def copied_inventory(tmp_path: Path) -> Path:
     root = tmp_path / "checkout"
     inventory = root / "inventory" / "my-models"
     shutil.copytree(REPO / "inventory" / "lab-vllm", inventory, symlinks=False)
-    (root / ".lab").symlink_to(STATE)
+    (root / ".lab").symlink_to(LAB_ROOT)
     return inventory
 
 
