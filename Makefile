@@ -83,8 +83,8 @@ standins: deps
 lab-test: deps images
 	pytest tests/lab
 
-# The stand-in engine's labs (the DeepSeek recipe) and, beside them on a lab of its own, the real
-# engine's (recipe tiny-chat): make prints each one's output whole when it ends.
+# Two labs side by side: on lab 0 the stand-in engine's scenarios (the DeepSeek recipe), on lab 1 the
+# real engine's (recipe tiny-chat), which ends first. make prints each one's output whole when it ends.
 molecule: deps images
 	$(MAKE) --jobs=2 --output-sync=target molecule-stand-in molecule-real-engine
 

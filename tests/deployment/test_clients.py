@@ -61,7 +61,7 @@ def test_smoke_fails_naming_the_checks_the_engine_answers_wrongly(tuned_engine):
     assert "Smoke check(s) failed: text, tool_call, vision" in run.stdout
 
 
-def test_bench_measures_the_set_rates_within_3_percent(lab, tuned_engine, tmp_path):
+def test_bench_measures_the_set_rates_within_3_percent(lab, tuned_engine, tmp_path, machine_to_itself):
     out = tmp_path / "bench"
     run, _ = run_playbook(
         "playbooks/bench.yml",

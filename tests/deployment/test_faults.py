@@ -44,7 +44,6 @@ from lab_support import (
     REPO,
     STATE,
     labctl,
-    machine_memory,
     wait_for,
 )
 
@@ -393,19 +392,13 @@ def mem_available_gib(lab) -> float:
     return int(line[1]) / 1024**2
 
 
-@pytest.fixture
-def machine_memory_to_itself():
-    with machine_memory(exclusive=True):
-        yield
-
-
 def test_a_leaking_worker_is_killed_the_group_stopped_and_started_again_once_memory_is_back(
-    supervised, key, machine_memory_to_itself
+    supervised, key, machine_to_itself
 ):
     """The lab's nodes share this machine's memory: the guard's floor is set a little under what is
     available now, the stand-in's `leak` fault eats through it, and this test holds memory short
     for a while after the kill (as the leak's owner would have) before it lets go. Another lab's
-    ranks, which share that memory too, neither start nor stop meanwhile (machine_memory)."""
+    ranks, which share that memory too, neither start nor stop meanwhile (machine_to_itself)."""
     lab = supervised
     available = mem_available_gib(lab)
     floor = round(available - 2.5, 1)

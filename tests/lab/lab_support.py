@@ -81,12 +81,12 @@ class Lab:
 
 
 @contextlib.contextmanager
-def machine_memory(*, exclusive: bool):
-    """Labs side by side share this machine's memory, which every node's guard reads. A case that
-    sets a guard's floor from what is available now holds it ``exclusive``: the other lab's cases,
-    which start and stop ranks, hold it shared and wait."""
+def the_machine(*, exclusive: bool):
+    """Labs side by side share this machine's cores and memory. A case that measures against them
+    (the bench's rates within 3 %, a guard's floor set from the memory available now) holds it
+    ``exclusive``; the other lab's cases, which start and stop ranks, hold it shared and wait."""
     LAB_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(LAB_ROOT / "memory.lock", "a") as lock:
+    with open(LAB_ROOT / "machine.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
 

@@ -29,16 +29,16 @@ from lab_support import (  # noqa: E402 - as above
     REGISTRY,
     STATE,
     Lab,
-    machine_memory,
+    the_machine,
     wait_for,
 )
 
 
 @pytest.fixture(autouse=True)
-def _memory_shared_with_the_other_lab():
-    """Each case starts and stops ranks: not while the stand-in lab's leak case has set its guard's
-    floor from the memory available."""
-    with machine_memory(exclusive=False):
+def _machine_shared_with_the_other_lab():
+    """Each case starts and stops ranks: not while a case of the stand-in lab measures against the
+    machine's cores or memory (lab_support.the_machine)."""
+    with the_machine(exclusive=False):
         yield
 
 
