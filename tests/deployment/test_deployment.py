@@ -23,7 +23,7 @@ from deployment_support import (
     site,
     user_environment,
 )
-from lab_support import FABRIC_ADDRESS, MGMT_ADDRESS, http_status
+from lab_support import API_URL, FABRIC_ADDRESS, MGMT_ADDRESS, http_status
 from reference_config import reference_vllm_argv, reference_vllm_env
 
 RANKS = {"head": 0, "worker": 1}
@@ -95,7 +95,7 @@ OPEN_ON_VLLM = ["/invocations", "/tokenize", "/detokenize", "/metrics", "/versio
 
 
 def test_api_answers_with_the_key_only(lab):
-    base = f"http://{MGMT_ADDRESS['head']}:8000"
+    base = API_URL
     key = {"Authorization": f"Bearer {api_key(lab)}"}
     assert http_status(f"{base}/health") == 200, "/health answers anyone"
     for path in OPEN_ON_VLLM:
@@ -116,7 +116,7 @@ def test_the_engine_listens_on_the_heads_loopback_only_and_metrics_answer_the_na
     assert lab.ssh("worker", f"{probe}http://{head}:8001/health", check=False).stdout == "000"
     assert lab.ssh("worker", f"{probe}http://{head}:8000/metrics").stdout == "200"
     assert lab.ssh("worker", f"{probe}http://{head}:8000/tokenize").stdout == "401"
-    assert http_status(f"http://{MGMT_ADDRESS['head']}:8000/metrics") == 401, "the controller is not named"
+    assert http_status(f"{API_URL}/metrics") == 401, "the controller is not named"
 
 
 def test_tls_serves_the_users_certificate_and_nothing_but_health_without_the_key(lab, tmp_path):
@@ -327,7 +327,7 @@ def assert_stopped(lab) -> None:
 
 
 def assert_serving(lab) -> None:
-    url = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
+    url = f"{API_URL}/v1/models"
     assert http_status(url, {"Authorization": f"Bearer {api_key(lab)}"}) == 200
     for node in RANKS:
         assert lab.ssh(node, "systemctl is-active dsv41-memguard").stdout.strip() == "active"

@@ -37,10 +37,10 @@ from deployment_support import (
     user_environment,
 )
 from lab_support import (
+    API_URL,
     CONTAINER,
     HUB_ENDPOINT,
     LAB_ROOT,
-    MGMT_ADDRESS,
     REPO,
     STATE,
     labctl,
@@ -48,8 +48,8 @@ from lab_support import (
 )
 
 RANKS = {"head": 0, "worker": 1}
-CHAT_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/chat/completions"
-METRICS_URL = f"http://{MGMT_ADDRESS['head']}:8000/metrics"
+CHAT_URL = f"{API_URL}/v1/chat/completions"
+METRICS_URL = f"{API_URL}/metrics"
 RESULTS = LAB_ROOT / "fault-suite.json"
 # Short enough that a case waits little for the last one's group to count as recovered (the hang
 # threshold plus a probe's timeout and a look: 22 s), long enough for the stand-in's answers.

@@ -9,10 +9,10 @@ import time
 
 import pytest
 from deployment_support import MODEL_DIR, STATE_DIR, api_key, model_dir, run_playbook, served_revision, site
-from lab_support import MGMT_ADDRESS, STATE, http_status, labctl, wait_for
+from lab_support import API_URL, STATE, http_status, labctl, wait_for
 
 RANKS = {"head": 0, "worker": 1}
-MODELS_URL = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
+MODELS_URL = f"{API_URL}/v1/models"
 
 
 def inspect(lab, node: str) -> dict:

@@ -24,11 +24,11 @@ import urllib.request
 import pytest
 from deployment_support import MODEL_DIR, STATE_DIR, api_key, model_dir, run_playbook, served_revision, site
 from lab_support import (
+    API_URL,
     ENGINE_REPO,
     HUB_ENDPOINT,
     HUB_REPO,
     LAB_ROOT,
-    MGMT_ADDRESS,
     REGISTRY,
     STATE,
     labctl,
@@ -268,7 +268,7 @@ def asking_all_along(key: str):
     def ask() -> None:
         while not stop.wait(0.5):
             request = urllib.request.Request(
-                f"http://{MGMT_ADDRESS['head']}:8000/v1/completions",
+                f"{API_URL}/v1/completions",
                 data=body,
                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
             )

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,18 +20,19 @@ LABCTL = [sys.executable, str(REPO / "lab" / "labctl.py")]
 STATE = labctl.STATE  # this lab's (SPARKSERVE_LAB_INSTANCE)
 LAB_ROOT = labctl.LAB_ROOT  # every lab's: the suites' results
 LAB_USER = labctl.LAB_USER
-_NODES = labctl.nodes_for(1)
-CONTAINER = {node.name: node.container for node in _NODES}
-MGMT_ADDRESS = {node.name: node.address(labctl.MGMT[2]) for node in _NODES}
-FABRIC_ADDRESS = {node.name: node.address(labctl.FABRICS[0][2]) for node in _NODES}
-REGISTRY = f"{labctl.FABRICS[0][2]}:{labctl.REGISTRY_PORT}"
+LAYOUT = labctl.layout(workers=1)
+CONTAINER = {name: node["container"] for name, node in LAYOUT["nodes"].items()}
+MGMT_ADDRESS = {name: node["mgmt"] for name, node in LAYOUT["nodes"].items()}
+FABRIC_ADDRESS = {name: node["fabric"] for name, node in LAYOUT["nodes"].items()}
+REGISTRY = LAYOUT["registry"]
 ENGINE_REPO = labctl.ENGINE_REPO
-HUB_ENDPOINT = f"http://{labctl.MGMT[2]}:{labctl.HUB_PORT}"
+HUB_ENDPOINT = LAYOUT["hub"]
 HUB_REPO = labctl.HUB_REPO
-WHEELS_HOST = labctl.MGMT[2]
-WHEELS_URL = f"http://{WHEELS_HOST}:{labctl.WHEELS_PORT}/"
+WHEELS_URL = LAYOUT["wheels"]
+WHEELS_HOST = urllib.parse.urlsplit(WHEELS_URL).hostname
+API_URL = f"http://{MGMT_ADDRESS['head']}:{labctl.API_PORT}"
 http_status = labctl.http_status
-PROMETHEUS_URL = f"http://127.0.0.1:{labctl.PROMETHEUS_PORT}"
+PROMETHEUS_URL = LAYOUT["prometheus"]
 PROMETHEUS_KEY_FILE = labctl.PROMETHEUS_KEY_FILE
 
 

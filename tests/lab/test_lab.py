@@ -11,6 +11,7 @@ import time
 
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._exl3_plan import rewrite_plan
 from lab_support import (
+    API_URL,
     FABRIC_ADDRESS,
     HUB_ENDPOINT,
     HUB_REPO,
@@ -22,6 +23,7 @@ from lab_support import (
     WHEELS_URL,
     http_status,
     lab_resources,
+    labctl,
     labctl_run,
     wait_for,
 )
@@ -169,7 +171,7 @@ def test_engine_started_by_hand_with_the_reference_command_line(lab):
             _prepare_model_dir(lab, node)
         _start_rank(lab, "worker", 1, api_key)
         _start_rank(lab, "head", 0, api_key)
-        url = f"http://{MGMT_ADDRESS['head']}:8000/v1/models"
+        url = f"{API_URL}/v1/models"
         ready = wait_for(lambda: _status(url, api_key) == 200, timeout=60)
         logs = "\n".join(
             lab.ssh(n, f"docker logs --tail 20 dsv41-r{r} 2>&1", check=False).stdout
@@ -203,9 +205,22 @@ def second_lab_status() -> tuple[list[str], list[str]]:
     ]
 
 
+def unnumbered_volume(name: str) -> str:
+    """A volume as the lab made them before labs were numbered: its label, no number."""
+    create = ["docker", "volume", "create", "--label", labctl.LABEL, name]
+    subprocess.run(create, check=True, capture_output=True)
+    return name
+
+
+def volume_exists(name: str) -> bool:
+    inspect = subprocess.run(["docker", "volume", "inspect", name], capture_output=True, check=False)
+    return inspect.returncode == 0
+
+
 def test_down_leaves_nothing_of_its_lab_and_the_lab_beside_it_running_and_a_cached_up_is_quick(lab):
     """A second lab (CI runs the real engine's beside the stand-in's) has its own nodes, networks and
-    services; `down` of either leaves the other serving."""
+    services; `down` of either leaves the other serving. What a lab made before labs were numbered
+    is lab 0's: its `down` removes it, the second lab's leaves it."""
     ours = lab_resources()
     second = json.loads(second_lab("layout").stdout)
     second_lab("up")
@@ -219,8 +234,10 @@ def test_down_leaves_nothing_of_its_lab_and_the_lab_beside_it_running_and_a_cach
         assert head["fabric"] in links and head["mgmt"] in links, links
         assert http_status(f"http://{second['registry']}/v2/") == 200
 
+        older = unnumbered_volume("sparkserve-lab-unnumbered-0")
         labctl_run("down")
         assert lab_resources() == {"containers": [], "networks": [], "volumes": []}
+        assert not volume_exists(older), "lab 0's down removes what labs made before they were numbered"
         containers, services = second_lab_status()
         assert sorted(containers) == sorted(n["container"] for n in second["nodes"].values())
         assert sorted(services) == ["hub", "prometheus", "registry", "wheels"]
@@ -229,9 +246,12 @@ def test_down_leaves_nothing_of_its_lab_and_the_lab_beside_it_running_and_a_cach
         started = time.monotonic()
         labctl_run("up")
         assert time.monotonic() - started < 120, "with images cached the lab starts in under two minutes"
+        kept = unnumbered_volume("sparkserve-lab-unnumbered-1")
     finally:
         second_lab("down")
     assert second_lab_status() == ([], [])
+    assert volume_exists(kept), "the second lab's down leaves what labs made before they were numbered"
+    subprocess.run(["docker", "volume", "rm", kept], check=True, capture_output=True)
     assert lab_resources() == ours
     assert lab.ssh("worker", "hostname").stdout.strip() == "worker"
     assert http_status(WHEELS_URL) == 200

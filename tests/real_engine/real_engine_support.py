@@ -11,10 +11,9 @@ import urllib.request
 
 from conftest import INVENTORY
 from deployment_support import PlaybookRun, run_playbook
-from lab_support import LAB_ROOT, MGMT_ADDRESS, PROMETHEUS_URL
+from lab_support import API_URL, LAB_ROOT, PROMETHEUS_URL
 
 MODEL = "tiny-chat"
-API = f"http://{MGMT_ADDRESS['head']}:8000"
 RANKS = {"head": 0, "worker": 1}
 RESULTS = LAB_ROOT / "real-engine-suite.json"
 # From docker start to the API answering, measured on this 2-core machine: 45-100 s (platform facts).
@@ -35,7 +34,7 @@ def request(
     data = json.dumps(body).encode() if body is not None else None
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(API + path, data=data, headers=headers), timeout=timeout
+            urllib.request.Request(API_URL + path, data=data, headers=headers), timeout=timeout
         ) as response:
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as error:
@@ -85,7 +84,13 @@ def restarts_by_cause() -> dict[str, float]:
     return {s["metric"]["cause"]: float(s["value"][1]) for s in prometheus("dsv41_group_restarts_total")}
 
 
-def started_at(lab, node: str) -> str:
-    return lab.ssh(
-        node, f"docker inspect --format '{{{{.State.StartedAt}}}}' dsv41-r{RANKS[node]}"
-    ).stdout.strip()
+def start_times(lab) -> dict[str, str]:
+    """When each rank's container last started, by node."""
+    started = "docker inspect --format '{{.State.StartedAt}}' dsv41-r"
+    return {node: lab.ssh(node, f"{started}{rank}").stdout.strip() for node, rank in RANKS.items()}
+
+
+def restarted_since(lab, before: dict[str, str]) -> dict[str, str] | None:
+    """The ranks' new start times once every rank has started anew since ``before``; else None."""
+    now = start_times(lab)
+    return now if all(now[node] != before[node] for node in RANKS) else None

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import re
 
-from lab_support import MGMT_ADDRESS, REPO, http_status, wait_for
-from real_engine_support import API, ask, prometheus
+from lab_support import API_URL, MGMT_ADDRESS, REPO, http_status, wait_for
+from real_engine_support import ask, prometheus
 from role_defaults import SHARED_ROLE, role_defaults
 
 DASHBOARD = REPO / "dashboards" / "dsv41-pair.json"
@@ -32,8 +32,8 @@ def grafana_filled(expr: str) -> str:
 
 def test_the_pairs_endpoints_answer_only_with_the_key(scraped, key):
     for path in ("/metrics/supervisor", "/metrics/memguard/head", "/metrics/memguard/worker"):
-        assert http_status(API + path) == 401, path
-        assert http_status(API + path, {"Authorization": f"Bearer {key}"}) == 200, path
+        assert http_status(API_URL + path) == 401, path
+        assert http_status(API_URL + path, {"Authorization": f"Bearer {key}"}) == 200, path
     # The guards listen on the fabric only: the management address does not answer (status 0).
     port = role_defaults(SHARED_ROLE)["deployment_memguard_metrics_port"]
     assert http_status(f"http://{MGMT_ADDRESS['worker']}:{port}/metrics") == 0

@@ -20,13 +20,13 @@ from lab_support import CONTAINER, wait_for
 from real_engine_support import (
     ENGINE_START_SECONDS,
     MODEL,
-    RANKS,
     ask,
     playbook,
     record,
     request,
+    restarted_since,
     restarts_by_cause,
-    started_at,
+    start_times,
 )
 
 # Short, so that a prefill outlasts the hang threshold and a probe interval (12 s) however fast the
@@ -165,8 +165,9 @@ def healed(lab, key: str, since: float, bound: float, before: dict[str, str]) ->
     """Seconds from ``since`` until every rank was started anew and the model answers again."""
 
     def restarted_and_answering() -> bool:
-        restarted = all(started_at(lab, node) != before[node] for node in RANKS)
-        return restarted and "391" in (ask(key, "What is 17 * 23?", timeout=10) or "")
+        return restarted_since(lab, before) is not None and "391" in (
+            ask(key, "What is 17 * 23?", timeout=10) or ""
+        )
 
     assert wait_for(restarted_and_answering, timeout=bound, interval=2), supervisor_log(lab)[-3000:]
     return time.monotonic() - since
@@ -186,7 +187,7 @@ def test_a_lost_rank_or_node_is_healed_within_the_engines_start(supervised, scra
     the restart and its cause."""
     lab = supervised
     assert wait_for(lambda: recovered(lab), timeout=180, interval=2), supervisor_log(lab)[-3000:]
-    before = {node: started_at(lab, node) for node in RANKS}
+    before = start_times(lab)
     restarts_before = restarts_by_cause()
     since = time.monotonic()
     if fault == "worker rank killed":
@@ -222,7 +223,7 @@ LONG_PROMPT_TOKENS = 30_000
 def test_a_prompt_whose_prefill_outlasts_the_hang_threshold_is_answered_not_restarted(supervised, key):
     lab = supervised
     assert wait_for(lambda: recovered(lab), timeout=180, interval=2), supervisor_log(lab)[-3000:]
-    before = {node: started_at(lab, node) for node in RANKS}
+    before = start_times(lab)
     log_start = len(supervisor_log(lab))
     ids = [300 + (i * 7919) % 700 for i in range(LONG_PROMPT_TOKENS)]  # inside bench.token_ids
     since = time.monotonic()
@@ -234,7 +235,7 @@ def test_a_prompt_whose_prefill_outlasts_the_hang_threshold_is_answered_not_rest
     # Else the case proves nothing: the prefill must outlast the hang threshold and a probe interval.
     quiet = FAST["supervisor_hang_seconds"] + FAST["supervisor_probe_interval_seconds"]
     assert seconds > quiet, f"prefill took {seconds:.0f} s only: use a longer prompt"
-    assert {node: started_at(lab, node) for node in RANKS} == before, "no rank was restarted"
+    assert start_times(lab) == before, "no rank was restarted"
     log = supervisor_log(lab)[log_start:]
     assert "hang" not in log and "action=restart" not in log, log
     assert supervisor_state(lab)["state"] == "healthy"
@@ -281,11 +282,7 @@ def answering_after_restart(
     """Seconds from ``since`` until every rank was started anew and the traffic was answered, and
     the ranks' new start times."""
 
-    def restarted() -> dict[str, str] | None:
-        now = {node: started_at(lab, node) for node in RANKS}
-        return now if all(now[node] != before[node] for node in RANKS) else None
-
-    started = wait_for(restarted, timeout=bound, interval=1)
+    started = wait_for(lambda: restarted_since(lab, before), timeout=bound, interval=1)
     assert started, supervisor_log(lab)[-3000:]
     answered.clear()
     assert answered.wait(timeout=max(0.0, since + bound - time.monotonic())), supervisor_log(lab)[-3000:]
@@ -304,7 +301,7 @@ def test_a_frozen_worker_is_caught_again_after_each_restart_and_then_given_up_on
     stop, answered = threading.Event(), threading.Event()
     threading.Thread(target=traffic, args=(key, stop, answered), daemon=True).start()
     bound = HANG_BOUND + ENGINE_START_SECONDS
-    before = {node: started_at(lab, node) for node in RANKS}
+    before = start_times(lab)
     log_start = len(supervisor_log(lab))
     try:
         for attempt in ("frozen under traffic", "frozen again right after the restart"):
