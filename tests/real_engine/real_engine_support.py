@@ -84,13 +84,15 @@ def restarts_by_cause() -> dict[str, float]:
     return {s["metric"]["cause"]: float(s["value"][1]) for s in prometheus("dsv41_group_restarts_total")}
 
 
-def start_times(lab) -> dict[str, str]:
-    """When each rank's container last started, by node."""
+def start_times(lab) -> dict[str, str | None]:
+    """When each rank's container last started, by node; None for a node that does not answer (a
+    node rebooting, its Docker starting)."""
     started = "docker inspect --format '{{.State.StartedAt}}' dsv41-r"
-    return {node: lab.ssh(node, f"{started}{rank}").stdout.strip() for node, rank in RANKS.items()}
+    answers = {node: lab.ssh(node, f"{started}{rank}", check=False) for node, rank in RANKS.items()}
+    return {node: a.stdout.strip() if a.returncode == 0 else None for node, a in answers.items()}
 
 
-def restarted_since(lab, before: dict[str, str]) -> dict[str, str] | None:
+def restarted_since(lab, before: dict[str, str | None]) -> dict[str, str | None] | None:
     """The ranks' new start times once every rank has started anew since ``before``; else None."""
     now = start_times(lab)
-    return now if all(now[node] != before[node] for node in RANKS) else None
+    return now if all(now[node] is not None and now[node] != before[node] for node in RANKS) else None

@@ -161,7 +161,7 @@ def supervised(lab):
     return lab
 
 
-def healed(lab, key: str, since: float, bound: float, before: dict[str, str]) -> float:
+def healed(lab, key: str, since: float, bound: float, before: dict[str, str | None]) -> float:
     """Seconds from ``since`` until every rank was started anew and the model answers again."""
 
     def restarted_and_answering() -> bool:
@@ -277,8 +277,8 @@ def hang_detected(lab, log_start: int, since: float) -> float:
 
 
 def answering_after_restart(
-    lab, answered: threading.Event, since: float, bound: float, before: dict[str, str]
-) -> tuple[float, dict[str, str]]:
+    lab, answered: threading.Event, since: float, bound: float, before: dict[str, str | None]
+) -> tuple[float, dict[str, str | None]]:
     """Seconds from ``since`` until every rank was started anew and the traffic was answered, and
     the ranks' new start times."""
 
