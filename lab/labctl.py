@@ -125,8 +125,9 @@ def nodes_for(workers: int) -> list[Node]:
     return nodes
 
 
+# python3-apt as on DGX OS (Ubuntu installs it): Ansible's apt module needs it in check mode.
 NODE_PACKAGES = (
-    "python3,python3-venv,python3-requests,python3-prometheus-client,"
+    "python3,python3-apt,python3-venv,python3-requests,python3-prometheus-client,"
     "openssh-server,rsync,sudo,iproute2,iputils-ping,curl,procps,"
     "systemd,systemd-sysv,dbus,docker.io,ca-certificates,less,haproxy,nftables"
 )

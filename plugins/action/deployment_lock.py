@@ -128,25 +128,35 @@ def pid_alive(pid: int) -> bool:
 
 
 def stale_reason(
-    other: dict[str, Any], here: dict[str, Any], alive: Callable[[int], bool] = pid_alive
+    other: dict[str, Any],
+    here: dict[str, Any],
+    alive: Callable[[int], bool] = pid_alive,
+    start_of: Callable[[int], str] = process_start,
 ) -> str | None:
     """Why the run ``other`` that holds the lock is gone, or None when it may be running.
 
     Only a run of this controller can be judged: same host name and boot id and its process is
-    gone, or same host name and another boot id (the controller rebooted since). A run of another
-    controller, or a lock without a usable pid, is never judged gone.
+    gone, or its pid now belongs to a process that started later (the pid was reused: the run's
+    token, made from its process's start, no longer matches), or same host name and another boot
+    id (the controller rebooted since). A run of another controller, or a lock without a usable
+    pid, is never judged gone; nor is a live pid whose start this controller cannot read.
     """
     controller = here.get("controller")
     if not controller or other.get("controller") != controller:
         return None
-    if other.get("boot_id") != here.get("boot_id"):
+    boot_id = here.get("boot_id")
+    if other.get("boot_id") != boot_id:
         return f"controller {controller} has rebooted since that run took it"
     pid = other.get("pid")
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         return None
-    if alive(pid):
-        return None
-    return f"its ansible-playbook (pid {pid}) is no longer running on this controller"
+    gone = f"its ansible-playbook (pid {pid}) is no longer running on this controller"
+    if not alive(pid):
+        return gone
+    start = start_of(pid)
+    if start and run_token(controller, boot_id or "", pid, start) != token_of(other):
+        return f"{gone} (pid {pid} is another process now)"
+    return None
 
 
 def held_message(head: str, path: str, other: dict[str, Any]) -> str:

@@ -56,13 +56,14 @@ class ActionModule(ActionBase):
         validation, args = self.validate_argument_spec(
             argument_spec={
                 "job": {"type": "dict", "required": True},
-                "progress_file": {"type": "path"},
+                # Paths of the node: str here, so that a `~` is the node's home, not this controller's.
+                "progress_file": {"type": "str"},
                 "what": {"type": "str", "required": True},
                 "seconds": {"type": "float", "default": 20},
                 "timeout_minutes": {"type": "float", "required": True},
                 "timeout_variable": {"type": "str", "required": True},
                 "note": {"type": "str", "default": ""},
-                "keep_fresh": {"type": "path"},
+                "keep_fresh": {"type": "str"},
             }
         )
         del validation  # its errors have already been raised

@@ -21,9 +21,11 @@ description:
 options:
   _input:
     description:
-      - The nodes in rank order, each C({name, rank, status, error, guard}) - C(status) is the rank
-        control's C(status) output (or null when the node could not be asked, with C(error)), C(guard)
-        what C(systemctl is-active) says of the memory guard.
+      - The nodes in rank order, each C({name, rank, status, error, guard, host_stack}) - C(status) is
+        the rank control's C(status) output (or null when the node could not be asked, with C(error)),
+        C(guard) what C(systemctl is-active) says of the memory guard, C(host_stack) the node's kernel,
+        driver and NIC firmware as C(sparkserve.dsv41.node_facts) reads them (left out, nothing is
+        compared).
     type: list
     elements: dict
     required: true
@@ -69,6 +71,22 @@ _value:
       description: One line per problem, naming the node, the rank or the part and what is wrong.
       type: list
       elements: str
+    nodes:
+      description: The nodes given.
+      type: list
+      elements: dict
+    api:
+      description: The API given.
+      type: dict
+    supervisor:
+      description: The supervisor's state given, or null.
+      type: dict
+    memguard_kills:
+      description:
+        - The memory guard's last kill on each node that had one - C({node, time}), the time in
+          seconds since the epoch.
+      type: list
+      elements: dict
     deployments:
       description: The deployment record given, or null.
       type: dict

@@ -15,15 +15,19 @@ short_description: The environment of one rank container of the deployment
 version_added: 0.1.0
 author: sparkserve maintainers (@sparkserve)
 description:
-  - Renders the reference environment with this node's fabric facts and the settings given.
-  - No setting has a default here. The rank role passes its variables and the fabric facts.
+  - Renders the recipe's C(serve.env) with this node's fabric facts and the settings given.
+  - The rank role passes the recipe's settings overridden by its C(rank_*) variables, and the
+    fabric facts.
 options:
   _input:
     description:
-      - The settings as a dict. Every key is required - C(ifname), C(hcas) (the C(NCCL_IB_HCA) value),
-        C(host_ip) (C(VLLM_HOST_IP)), C(gid_index) (C(NCCL_IB_GID_INDEX)) and C(plan_name) (the EXL3 plan
-        under C(/plans/)) - except C(extra), variables that are added or override the reference ones
-        (none when left out).
+      - The settings as a dict.
+      - Every value the recipe's environment names is required. For the DeepSeek-V4.1-Flash
+        recipe - C(ifname), C(hcas) (the C(NCCL_IB_HCA) value), C(host_ip) (C(VLLM_HOST_IP)),
+        C(gid_index) (C(NCCL_IB_GID_INDEX)) and C(plan_name) (the EXL3 plan under C(/plans/)).
+      - May be left out - C(recipe) (the recipe, as C(deployment_recipe_spec); the
+        DeepSeek-V4.1-Flash one when left out) and C(extra) (variables that are added or override
+        the recipe's; none when left out).
     type: dict
     required: true
 """

@@ -15,19 +15,25 @@ short_description: The arguments after C(vllm serve) for one rank of the deploym
 version_added: 0.1.0
 author: sparkserve maintainers (@sparkserve)
 description:
-  - Renders one rank's command line in the reference deployment's order from the settings given.
-  - No setting has a default here. The rank role passes its C(rank_*) and C(dsv41_*) variables,
-    whose defaults are the reference values.
+  - Renders one rank's command line from its recipe, in the recipe's order - C(serve.args), then
+    C(serve.head_args) on the head or C(serve.worker_args) on a worker.
+  - The rank role passes the recipe's settings overridden by its C(rank_*) variables, and the run's
+    facts.
 options:
   _input:
     description:
-      - The settings as a dict. Every key is required - C(node_rank) (0 for the head, i for worker i),
-        C(nnodes), C(master_addr) (the head's fabric IPv4), C(master_port), C(served_model_name),
-        C(kv_cache_memory_bytes), C(gpu_memory_utilization), C(max_model_len), C(max_num_seqs),
-        C(max_num_batched_tokens), C(num_speculative_tokens), C(cudagraph_mode) and C(api_port) -
-        except three that may be left out - C(capture_sizes) (CUDA graph capture sizes; empty or
-        left out derives them from C(max_num_seqs) and C(num_speculative_tokens)), C(extra_args)
-        (appended to the head's arguments; none when left out) and C(model) (the checkpoint's path
+      - The settings as a dict.
+      - Always required - C(node_rank) (0 for the head, i for worker i) and C(nnodes).
+      - Every other value the recipe's templates name is required. For the DeepSeek-V4.1-Flash
+        recipe - C(master_addr) (the head's fabric IPv4), C(master_port), C(served_model_name),
+        C(engine_host) and C(engine_port) (where the engine listens, behind the API gateway), and the
+        recipe's settings C(kv_cache_memory_bytes), C(gpu_memory_utilization), C(max_model_len),
+        C(max_num_seqs), C(max_num_batched_tokens), C(num_speculative_tokens) and C(cudagraph_mode).
+      - May be left out - C(recipe) (the recipe, as C(deployment_recipe_spec); the
+        DeepSeek-V4.1-Flash one when left out), C(cudagraph_capture_sizes) (CUDA graph capture
+        sizes; empty or left out derives them from C(max_num_seqs) and C(num_speculative_tokens)),
+        C(extra_args) (appended to the head's arguments), C(allowed_media_domains) (the only domains
+        a request's media URLs may name; none when left out) and C(model) (the checkpoint's path
         inside the container, C(/model) when left out).
     type: dict
     required: true
@@ -39,12 +45,13 @@ EXAMPLES = r"""
     msg: >-
       {{ {'node_rank': 1, 'nnodes': 2, 'master_addr': '198.18.0.13',
           'master_port': rank_master_port, 'served_model_name': deployment_served_model_name,
+          'engine_host': '127.0.0.1', 'engine_port': deployment_engine_port,
           'kv_cache_memory_bytes': rank_kv_cache_memory_bytes,
           'gpu_memory_utilization': rank_gpu_memory_utilization,
           'max_model_len': rank_max_model_len, 'max_num_seqs': rank_max_num_seqs,
           'max_num_batched_tokens': rank_max_num_batched_tokens,
           'num_speculative_tokens': rank_num_speculative_tokens,
-          'cudagraph_mode': rank_cudagraph_mode, 'api_port': deployment_api_port}
+          'cudagraph_mode': rank_cudagraph_mode}
          | sparkserve.dsv41.vllm_serve_args }}
 """
 

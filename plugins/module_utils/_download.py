@@ -87,8 +87,10 @@ class HubClient:
         except ImportError as exc:
             raise HubMissing(str(exc)) from exc
         self.endpoint = endpoint
-        self.token = token
-        self.api = HfApi(endpoint=endpoint, token=token)
+        # False, not None: huggingface_hub sends HF_TOKEN or the `hf auth login` token for None, to
+        # any endpoint. No token file means no token.
+        self.token: str | bool = token or False
+        self.api = HfApi(endpoint=endpoint, token=self.token)
         self._trees: dict[tuple[str, str | None], list[Any]] = {}
         self._snapshot_download = snapshot_download
         self._filter = filter_repo_objects

@@ -142,7 +142,9 @@ def vllm_serve_args(
     if missing:
         if {"capture_sizes", "max_capture_size"} & set(missing):
             missing = [name for name in missing if name not in ("capture_sizes", "max_capture_size")]
-            missing += [name for name in ("num_speculative_tokens", "max_num_seqs") if name not in values]
+            missing += [
+                name for name in ("num_speculative_tokens", "max_num_seqs") if name not in {*values, *missing}
+            ]
         raise TypeError(f"vllm_serve_args() missing required settings: {', '.join(map(repr, missing))}")
     try:
         args = render_args(serve["args"], values)

@@ -203,7 +203,8 @@ def main() -> None:
         if os.path.isdir(file_path):
             module.fail_json(msg=f"{option} {file_path} is a directory; give the path of the file itself")
         parent = missing_parent_dir(file_path)
-        if parent:
+        # In check mode the role's task before, which creates it, did not run for real.
+        if parent and not module.check_mode:
             module.fail_json(
                 msg=f"the directory of {option} does not exist: {parent}; create it first (mode 0700)",
                 path=file_path,

@@ -171,19 +171,19 @@ bytes_total:
   sample: 265214312448
 added:
   description: Files that were not there before.
-  returned: success
+  returned: success, not in check mode
   type: list
   elements: str
   sample: [config.json]
 updated:
   description: Files whose size or mtime changed.
-  returned: success
+  returned: success, not in check mode
   type: list
   elements: str
   sample: []
 bytes_downloaded:
   description: Bytes of the added and updated files.
-  returned: success
+  returned: success, not in check mode
   type: int
   sample: 1024
 linked:

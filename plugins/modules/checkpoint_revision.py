@@ -288,6 +288,7 @@ def _present(module: AnsibleModule, root: str) -> dict:
     # The copy to a worker lands in revisions/<commit>, which rsync creates, but not its parents.
     created = not os.path.isdir(revisions_dir(root))
     linked: list[str] = []
+    leftovers = [os.path.basename(path) for path in leftover_removals(root)]  # removed below
     if planned is not None:
         adopted = {"commit": planned["commit"], "why": planned["why"]}
     if not module.check_mode:
@@ -336,8 +337,11 @@ def _present(module: AnsibleModule, root: str) -> dict:
     if adopted:
         verb = "would adopt" if module.check_mode else "adopted"
         what = f"{verb} {root} as revision {adopted['commit']} ({adopted['why']}); {what}"
+    finish = "would finish" if module.check_mode else "finished"
+    left = ", ".join(sorted(leftovers))
+    what += f"; {finish} the removal an interrupted run left ({left})" if leftovers else ""
     return {
-        "changed": created or adopted is not None or bool(linked),
+        "changed": created or adopted is not None or bool(linked) or bool(leftovers),
         "commit": commit,
         "model_dir": path,
         "exists": exists,

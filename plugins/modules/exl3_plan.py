@@ -144,6 +144,10 @@ def main() -> None:
     if os.path.isdir(dest):
         module.fail_json(msg=f"dest {dest} is a directory; give the path of the plan copy itself", dest=dest)
     parent = missing_parent_dir(dest)
+    if parent and module.check_mode:
+        # The role creates it in the task before, which a check-mode run does not run for real.
+        msg = f"would copy {src} to {dest} once {parent} exists"
+        module.exit_json(changed=True, src=src, dest=dest, msg=msg)
     if parent:
         module.fail_json(msg=f"the directory of dest does not exist: {parent}; create it first", dest=dest)
 

@@ -4,7 +4,7 @@ It looks every second for up to ``--wait-seconds`` (0: once) and exits at the fi
 rank that becomes ready is seen within a second, not at the role's next poll.
 
 Exit 0: the API answers (``--health-url`` 200, and ``--models-url`` 200 with the key when given).
-Exit 1: still starting when the time was up; ask again.
+Exit 1: still starting when the time was up, or docker did not answer on the container; ask again.
 Exit 2: this node's rank container is not running, or restarted more often than
 ``--restarts-before`` (its count when the role started it): start-up failed, waiting is pointless.
 
@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 READY, STARTING, GONE = 0, 1, 2
 LOOK_INTERVAL_S = 1.0
+INSPECT_TIMEOUT_S = 30.0
 
 
 # The node's own API, directly: an http_proxy in the environment would be sent the key. A worker
@@ -48,13 +49,24 @@ def http_ok(url: str, key: str | None = None) -> bool:
         return False
 
 
+class DockerUnanswered(Exception):
+    """Docker gave no answer on the container (its daemon down or slow): nothing is known of it."""
+
+
 def container_state(docker: str, name: str) -> dict | None:
-    result = subprocess.run(  # noqa: S603 - argv list
-        [docker, "inspect", "--format", "{{json .State}}|{{.RestartCount}}", name],
-        capture_output=True, text=True, check=False, timeout=30,
-    )  # fmt: skip
+    """The container's state; None when docker says there is no such container."""
+    try:
+        result = subprocess.run(  # noqa: S603 - argv list
+            [docker, "inspect", "--format", "{{json .State}}|{{.RestartCount}}", name],
+            capture_output=True, text=True, check=False, timeout=INSPECT_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise DockerUnanswered(f"docker inspect timed out after {INSPECT_TIMEOUT_S:g} s") from None
     if result.returncode != 0:
-        return None
+        if "no such" in result.stderr.lower():  # "Error: No such object: <name>"
+            return None
+        error = result.stderr.strip()
+        raise DockerUnanswered(error.splitlines()[-1] if error else f"exit code {result.returncode}")
     state, restarts = result.stdout.strip().rsplit("|", 1)
     return {**json.loads(state), "RestartCount": int(restarts)}
 
@@ -105,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     def look() -> tuple[int, str]:
         if http_ok(args.health_url) and (not args.models_url or http_ok(args.models_url, key)):
             return READY, "ready"
-        state = container_state(args.docker, args.container)
+        try:
+            state = container_state(args.docker, args.container)
+        except DockerUnanswered as exc:  # one slow answer of the daemon fails no start-up
+            return STARTING, f"starting (docker did not answer: {exc})"
         reason = gone_reason(state, args.container, args.restarts_before)
         return (GONE, reason) if reason else (STARTING, "starting")
 

@@ -21,6 +21,7 @@ from dsv41_node import CommandResult, detail, format_gib
 from dsv41_supervisor_settings import MIB, NodeConfig, Settings
 
 UNREACHABLE = "unreachable"  # the rank state of a node whose rankctl gave no status
+DOCKER_SILENT = "unknown"  # rankctl's rank state when the node's docker did not answer
 
 PROBE_PROMPT = "Say OK."
 HTTP_BODY_LIMIT = 8 * MIB  # /metrics with every histogram is a few hundred KiB
@@ -105,7 +106,8 @@ class Fabric(NamedTuple):
 
 
 class RankStatus(NamedTuple):
-    """One node's rank as rankctl reported it; state "unreachable" when rankctl gave no status.
+    """One node's rank as rankctl reported it; state "unreachable" when rankctl gave no status,
+    "unknown" when the node's docker did not (both: nothing is known of the rank, see unreachable).
     fabric None: the node said nothing of its fabric (none configured, or no status at all)."""
 
     node: str
@@ -128,7 +130,9 @@ class RankStatus(NamedTuple):
 
     @property
     def unreachable(self) -> bool:
-        return self.state == UNREACHABLE
+        """Nothing is known of the rank: a docker slow to answer (20 s, under heavy I/O) is judged
+        as a node that gave no status, never as a lost rank, which would restart a serving group."""
+        return self.state in (UNREACHABLE, DOCKER_SILENT)
 
 
 class Metrics(NamedTuple):

@@ -104,8 +104,32 @@ def test_stale_reason(action, other, alive, reason):
         asked.append(pid)
         return alive
 
-    assert action.stale_reason(other, HERE, is_alive) == reason
+    assert action.stale_reason(other, HERE, is_alive, lambda _pid: "") == reason
     assert set(asked) <= {42}
+
+
+REUSED = f"{GONE} (pid 42 is another process now)"
+
+
+@pytest.mark.parametrize(
+    ("start", "reason"),
+    [
+        pytest.param("5000", None, id="the holder's own process"),
+        pytest.param("7000", REUSED, id="a later process with its pid"),
+        pytest.param("", None, id="start unreadable"),
+    ],
+)
+def test_a_pid_taken_by_a_later_process_is_a_gone_run(action, start, reason):
+    token = action.run_token("box", "boot-1", 42, "5000")
+    other = {"controller": "box", "boot_id": "boot-1", "pid": 42, "token": token}
+    assert action.stale_reason(other, HERE, lambda _pid: True, lambda _pid: start) == reason
+
+
+def test_this_process_holds_its_own_lock_and_not_one_of_another_token(action):
+    here = action.this_run(0.0, pid=os.getpid())
+    assert action.stale_reason(here, here) is None
+    reason = action.stale_reason({**here, "token": "0" * 32}, here)
+    assert reason is not None and "is another process now" in reason
 
 
 def test_a_controller_without_a_name_judges_nothing(action):

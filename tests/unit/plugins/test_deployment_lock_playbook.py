@@ -208,7 +208,24 @@ def dead_holder(root: Path) -> tuple[Case, int]:
     return run(case), gone.pid
 
 
+def token_of_this_process() -> str:
+    """This process's run token as the action makes it (in a child interpreter: importing the action
+    switches a process to controller mode)."""
+    child = (
+        "import sys\n"
+        "from ansible_collections.sparkserve.dsv41.plugins.action import deployment_lock as lock\n"
+        "print(lock.this_run(0.0, pid=int(sys.argv[1]))['token'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "collections")}
+    argv = [sys.executable, "-c", child, str(os.getpid())]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+LIVE_TOKEN = token_of_this_process()
+
+
 def foreign_lock(**fields) -> str:
+    """A lock held by this test process (alive on this controller), unless ``fields`` say otherwise."""
     holder = {
         "controller": HOST,
         "pid": os.getpid(),
@@ -216,7 +233,7 @@ def foreign_lock(**fields) -> str:
         "user": "alice",
         "playbook": "site.yml",
         "started": STARTED,
-        "token": "f" * 32,
+        "token": LIVE_TOKEN,
         **fields,
     }
     return json.dumps({"holder": holder})
@@ -251,6 +268,8 @@ CASES = {
     "dead": dead_holder,
     "rebooted": lambda root: with_lock(root, boot_id="an-earlier-boot"),
     "live": with_lock,
+    # This process's pid with another process's token: the holder's pid was given to a later process.
+    "reused": lambda root: with_lock(root, token="f" * 32),
     "other": lambda root: with_lock(root, controller="box", pid=4242),
     "forced": lambda root: with_lock(root, "-e", "deployment_lock_force=true", controller="box", pid=4242),
     "check_first": lambda root: run(Case(root), "--check"),
@@ -306,6 +325,17 @@ def test_a_lock_left_by_a_dead_run_of_this_controller_is_taken_over(cases):
     ), case.output[-3000:]
     assert_this_run_held_it(case)
     assert case.lock_after is None
+
+
+def test_a_lock_whose_pid_another_process_has_now_is_taken_over(cases):
+    case, _ = cases["reused"]
+    assert case.rc == 0, case.output[-3000:]
+    pid = os.getpid()
+    assert (
+        f"{TOOK_OVER} on controller {HOST} (pid {pid}) {SINCE}: its ansible-playbook (pid {pid}) is no "
+        f"longer running on this controller (pid {pid} is another process now)." in case.output
+    ), case.output[-3000:]
+    assert_this_run_held_it(case)
 
 
 def test_a_lock_from_before_the_controllers_reboot_is_taken_over_even_if_its_pid_lives(cases):

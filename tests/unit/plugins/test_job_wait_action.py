@@ -51,6 +51,7 @@ PLAYBOOK = """
       - {{name: outlives the polls, steps: 15, code: 0, async: 60, minutes: 0}}
       - {{name: follows a finished run, steps: 2, code: 0, async: 60, minutes: 1, stale: true}}
       - {{name: waited for twice, steps: 1, code: 0, async: 60, minutes: 1, twice: true}}
+      - {{name: reads progress from the node home, steps: 2, code: 0, async: 60, minutes: 1, home: true}}
   tasks:
     - name: Run each case
       ansible.builtin.include_tasks: {case!r}
@@ -85,11 +86,13 @@ CASE = """
       sparkserve.dsv41.job_wait:
         job: "{{{{ job }}}}"
         what: "{{{{ case.name }}}}"
-        progress_file: "{{{{ {tmp!r} }}}}/{{{{ case.name }}}}.json"
+        progress_file: "{{{{ '~' if case.home | default(false) else {tmp!r} }}}}/{{{{ case.name }}}}.json"
         timeout_minutes: "{{{{ case.minutes }}}}"
         timeout_variable: test_timeout_minutes
         seconds: 1
         note: A re-run resumes.
+      # A `~` names the node's home, which is not the controller's.
+      environment: "{{{{ {{'HOME': {tmp!r}}} if case.home | default(false) else {{}} }}}}"
       register: waited
 
     - name: Show the result
@@ -172,6 +175,12 @@ def test_the_progress_of_an_earlier_run_is_not_shown_as_this_jobs(run):
     assert lines, "a line per poll"
     assert not any("9 of 9" in line or "earlier run" in line for line in lines), lines
     assert lines[-1].startswith("follows a finished run: finished, 2 of 2 steps, 100.0%"), lines
+
+
+def test_a_progress_file_under_the_home_is_the_nodes(run):
+    """The action passes `~` on to the module, which expands it on the node."""
+    lines = progress_lines(run, "reads progress from the node home")
+    assert lines[-1].startswith("reads progress from the node home: finished, 2 of 2 steps, 100.0%"), lines
 
 
 def test_a_job_that_fails_fails_with_its_own_message(run):

@@ -8,6 +8,7 @@ captured ``docker inspect`` answer, and time a fake clock.
 from __future__ import annotations
 
 import http.server
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -121,16 +122,40 @@ def api() -> Iterator[str]:
     server.shutdown()
 
 
-def fake_docker(tmp_path: Path, answer: str | None) -> Path:
+NO_SUCH = "Error: No such object: dsv41-r0"
+DAEMON_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the daemon running?"
+
+
+def fake_docker(tmp_path: Path, answer: str | None, error: str = NO_SUCH, hang: bool = False) -> Path:
+    """A docker that prints ``answer``, or fails with ``error`` when it is None, or never answers."""
     docker = tmp_path / "docker"
-    body = (
-        f"print({answer!r})"
-        if answer is not None
-        else "import sys; sys.exit('Error: No such object: dsv41-r0')"
-    )
+    if hang:
+        body = "import time; time.sleep(60)"
+    elif answer is not None:
+        body = f"print({answer!r})"
+    else:
+        body = f"import sys; sys.exit({error!r})"
     docker.write_text(f"#!{sys.executable}\n{body}\n")
     docker.chmod(0o755)
     return docker
+
+
+@pytest.mark.parametrize(
+    ("docker", "expected"),
+    [
+        pytest.param({"answer": None}, None, id="no such container"),
+        pytest.param({"answer": None, "error": DAEMON_DOWN}, DAEMON_DOWN, id="daemon down"),
+        pytest.param({"answer": None, "hang": True}, "docker inspect timed out after 0.5 s", id="timed out"),
+    ],
+)
+def test_only_docker_saying_so_makes_a_container_missing(tmp_path, monkeypatch, docker, expected):
+    monkeypatch.setattr(probe, "INSPECT_TIMEOUT_S", 0.5)
+    fake = str(fake_docker(tmp_path, **docker))
+    if expected is None:
+        assert probe.container_state(fake, "dsv41-r0") is None
+    else:
+        with pytest.raises(probe.DockerUnanswered, match=re.escape(expected)):
+            probe.container_state(fake, "dsv41-r0")
 
 
 @pytest.mark.parametrize(
@@ -165,6 +190,13 @@ def test_main_fails_fast_on_an_api_that_does_not_answer(tmp_path, capsys):
     ]
     assert probe.main([*argv, "--wait-seconds", "30"]) == 2, "a gone rank ends the wait at once"
     assert "exited" in capsys.readouterr().out
+
+
+def test_main_waits_on_a_docker_that_does_not_answer(tmp_path, capsys):
+    argv = ["--container", "dsv41-r1", "--health-url", "http://127.0.0.1:9/health",
+            "--docker", str(fake_docker(tmp_path, None, DAEMON_DOWN))]  # fmt: skip
+    assert probe.main(argv) == 1, "still starting: the role asks again"
+    assert capsys.readouterr().out.strip() == f"starting (docker did not answer: {DAEMON_DOWN})"
 
 
 def test_the_api_is_asked_directly_whatever_proxy_the_environment_names(api, proxy_that_answers_nothing):

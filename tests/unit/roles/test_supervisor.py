@@ -787,6 +787,7 @@ EXITED = rank("spark-b", "exited", exit_code=137, oom_killed=True, finished_at="
 UNREACHABLE = sup.RankStatus(
     "spark-b", 1, "unreachable", detail="rc=255: ssh: connect to host: No route to host"
 )
+DOCKER_SILENT = rank("spark-b", "unknown", started_at=None, detail="docker inspect timed out after 20s")
 PROBE_TIMEOUT = sup.ProbeResult(NOW, sup.Probe.FAILED, "timed out")
 PROBE_401 = sup.ProbeResult(
     NOW, sup.Probe.INCONCLUSIVE, "HTTP 401: the key file does not match the server's key"
@@ -862,6 +863,22 @@ PREFILL = sup.Metrics(1.0, 0.0, 5000.0, kv_usage=0.3)
             "node_wait",
             "node not answering: spark-b (rc=255: ssh: connect to host: No route to host): waiting for it",
             id="unreachable-while-starting-node-waited-for-at-once",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), DOCKER_SILENT),
+            mem(unreachable_since=NOW - 55),
+            "none",
+            "healthy",
+            "group healthy",
+            id="docker-silent-less-than-hang-seconds-while-the-api-answers-left-serving",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), DOCKER_SILENT),
+            mem(unreachable_since=NOW - 60),
+            "stop",
+            "node_wait",
+            "node not answering: spark-b (docker inspect timed out after 20s): waiting for it",
+            id="docker-silent-for-hang-seconds-node-waited-for",
         ),
         pytest.param(
             obs(rank("spark-a", "exited", exit_code=1, finished_at="2026-12-01T09:30:00Z"), rank("spark-b")),

@@ -4,6 +4,8 @@ a bad configuration (both programs exit 2 on one: test_supervisor.py, test_memgu
 
 from __future__ import annotations
 
+import hashlib
+
 import jinja2
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._systemd import systemd_exec
@@ -13,11 +15,13 @@ STATE = "/home/spark user/.local/state/dsv41"  # a home directory with a space i
 FABRIC_ADDRESS = "192.168.100.13"
 
 
-def render(role: str, template: str, **overrides) -> dict[str, str]:
-    """The unit's [Service] keys as the role renders them (Ansible's own filters stubbed)."""
+def unit_text(role: str, template: str, **overrides) -> str:
+    """The unit as the role renders it (Ansible's own filters and its file lookup stubbed)."""
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
     environment.filters["sparkserve.dsv41.systemd_exec"] = systemd_exec
     environment.filters["join"] = lambda value, sep="": sep.join(value)
+    environment.filters["hash"] = lambda value, algorithm: hashlib.new(algorithm, value.encode()).hexdigest()
+    environment.globals["lookup"] = lambda _kind, name, rstrip: (ROLES / role / "files" / name).read_text()
     values = {
         **role_defaults(SHARED_ROLE, role),
         "ansible_managed": "managed",
@@ -28,8 +32,12 @@ def render(role: str, template: str, **overrides) -> dict[str, str]:
         "fabric_sysfs_root": "/sys",
         **overrides,
     }
-    text = environment.from_string((ROLES / role / "templates" / template).read_text()).render(values)
-    service = text.split("[Service]", 1)[1].split("[Install]", 1)[0]
+    return environment.from_string((ROLES / role / "templates" / template).read_text()).render(values)
+
+
+def render(role: str, template: str, **overrides) -> dict[str, str]:
+    """The unit's [Service] keys as the role renders them."""
+    service = unit_text(role, template, **overrides).split("[Service]", 1)[1].split("[Install]", 1)[0]
     return dict(
         line.split("=", 1) for line in service.splitlines() if "=" in line and not line.startswith("#")
     )
@@ -72,6 +80,17 @@ def test_the_command_line_is_quoted_and_a_bad_configuration_stops_the_restarts(r
     assert '"' in service["ExecStart"], "the paths with a space are quoted"
     assert service["Restart"] == "always"
     assert service["RestartPreventExitStatus"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("role", "template"),
+    [("supervisor", "dsv41-supervisor.service.j2"), ("memguard", "dsv41-memguard.service.j2")],
+)
+def test_the_unit_changes_with_the_shared_module_so_that_its_daemon_restarts_onto_a_new_one(role, template):
+    """Both roles install dsv41_node.py; whichever wrote a new one, each daemon's unit changes (and
+    its role restarts it), not only the one whose role ran first."""
+    shared = (ROLES / role / "files" / "dsv41_node.py").read_bytes()
+    assert f"dsv41_node.py sha256 {hashlib.sha256(shared).hexdigest()}" in unit_text(role, template)
 
 
 def test_the_gateway_unit_quotes_its_paths_loads_the_guard_first_and_never_holds_the_key():

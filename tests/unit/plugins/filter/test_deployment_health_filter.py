@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from plugin_docs import plugin_doc
+
 COLLECTIONS = Path(__file__).resolve().parents[4] / "collections"
 CHILD = """
 import json, sys
@@ -64,3 +66,9 @@ def test_the_filter_judges_and_adds_the_table_and_refuses_what_is_not_a_node_lis
     assert degraded["value"]["problems"] == ["API: /health answered 503"]
     assert hung["value"]["problems"][0].startswith("API: hung - 1 request(s) running, no new tokens for")
     assert "deployment_health wants a list of nodes" in refused["error"]
+
+
+def test_the_verdict_has_every_key_documented_and_no_other():
+    documented = plugin_doc("filter", "deployment_health", "RETURN")["_value"]["contains"]
+    (verdict,) = apply([[[{**NODE, "host_stack": {"kernel": "6.11"}}], API], {"supervisor_enabled": False}])
+    assert set(verdict["value"]) == set(documented)

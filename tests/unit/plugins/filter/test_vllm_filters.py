@@ -8,11 +8,13 @@ interpreter, and the module tests running in this process keep seeing module beh
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from plugin_docs import plugin_doc
 
 COLLECTIONS = Path(__file__).resolve().parents[4] / "collections"
 SERVE = {
@@ -68,3 +70,38 @@ def test_a_missing_setting_is_named(name, settings, missing):
 def test_settings_must_be_a_dict(name):
     (result,) = apply((name, []))
     assert result == {"error": f"{name} takes a dict of settings, got list"}
+
+
+def documented(name: str) -> tuple[set[str], set[str]]:
+    """The keys the filter's ``_input`` documentation names as required, and as optional."""
+    items = plugin_doc("filter", name, "DOCUMENTATION")["options"]["_input"]["description"]
+
+    def names(item: str) -> set[str]:
+        return set(re.findall(r"C\(([a-z_]+)\)", item))
+
+    optional = [item for item in items if item.startswith("May be left out")]
+    return set().union(*(names(item) for item in items if item not in optional)), names(optional[0])
+
+
+@pytest.mark.parametrize(("name", "settings"), [("vllm_serve_args", SERVE), ("vllm_rank_env", ENV)])
+def test_the_settings_documented_as_required_are_exactly_those_the_filter_requires(name, settings):
+    required, _ = documented(name)
+    assert required == set(settings)
+    each_left_out = [(name, {key: value for key, value in settings.items() if key != o}) for o in settings]
+    for left_out, result in zip(settings, apply(*each_left_out), strict=True):
+        assert f"'{left_out}'" in result.get("error", ""), (left_out, result)
+
+
+OPTIONAL = {
+    "vllm_serve_args": {"recipe": None, "cudagraph_capture_sizes": [1, 2], "extra_args": ["--x"],
+                        "allowed_media_domains": ["media.example"], "model": "/m"},
+    "vllm_rank_env": {"recipe": None, "extra": {"A": "1"}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "settings"), [("vllm_serve_args", SERVE), ("vllm_rank_env", ENV)])
+def test_the_settings_documented_as_optional_are_taken(name, settings):
+    _, optional = documented(name)
+    assert set(OPTIONAL[name]) <= optional
+    (result,) = apply((name, {**settings, **OPTIONAL[name]}))
+    assert "value" in result, result

@@ -13,11 +13,13 @@ import json
 import os
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _checkpoint as ck
 from ansible_collections.sparkserve.dsv41.plugins.module_utils import _download as dl
 from ansible_collections.sparkserve.dsv41.plugins.module_utils._progress import ProgressWriter
+from local_http import JsonHandler, serving
 
 SHARD5 = "model-00005-of-00006.safetensors"
 SHARD6 = "model-00006-of-00006.safetensors"
@@ -157,6 +159,28 @@ def test_patterns_select_exactly_the_parts_for_huggingface_hub(tmp_path):
         f"{SHARD6}.part00",
         "sha256-manifest.txt",
     ]
+
+
+class RecordsAuthorization(JsonHandler):
+    """A hub's model info, recording the Authorization header of each request."""
+
+    seen: ClassVar[list[str | None]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.headers.get("Authorization"))
+        self.reply(200, {"id": "org/model", "sha": "c" * 40})
+
+
+@pytest.mark.parametrize(("token", "sent"), [(None, None), ("hf_given", "Bearer hf_given")])
+def test_the_hub_is_sent_the_token_given_and_no_other(monkeypatch, token, sent):
+    """No token file means no token: never one from the node's environment or `hf auth login`, which
+    would go to whatever endpoint is set (a mirror on the LAN, over plain HTTP)."""
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment")
+    RecordsAuthorization.seen = []
+    with serving(RecordsAuthorization) as endpoint:
+        assert dl.HubClient(endpoint=endpoint, token=token).commit("org/model", None) == "c" * 40
+    assert RecordsAuthorization.seen == [sent]
 
 
 # --------------------------------------------------------------------------- listings and changed

@@ -214,6 +214,15 @@ def test_check_mode_changes_nothing(run_module, state_dir, prepare):
     assert result["fingerprint"] == expected_fingerprint
 
 
+def test_check_mode_before_the_directories_are_created_says_a_key_would_be_made(run_module, tmp_path):
+    """A check-mode run on a fresh node: the role's task before would create the directories."""
+    key_file, env_file = tmp_path / "state" / "api_key", tmp_path / "etc" / "rank.env"
+    result = run_module(api_key, {"path": str(key_file), "env_file": str(env_file)}, check_mode=True)
+    assert not result.failed, result
+    assert (result["changed"], result["fingerprint"]) == (True, None)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_check_mode_reports_no_change_when_all_is_in_place(run_module, state_dir):
     key_file = state_dir / "api_key"
     env_file = state_dir / "rank.env"

@@ -142,6 +142,9 @@ def test_download_rebuild_and_rerun_fetch_nothing_again(hub, download, tmp_path)
     checked = download(model_dir, token_file, check_mode=True)
     assert (checked["changed"], checked["would_download"]) == (False, [])
     assert snapshot(tmp_path) == before
+    returned = {key: doc["returned"] for key, doc in documented.items()}
+    in_check_mode = {key for key, when in returned.items() if when in ("always", "success", "check mode")}
+    assert set(checked) - {"changed", "invocation"} == in_check_mode
 
     # A file lost since is fetched again, and only that one.
     (model_dir / "config.json").unlink()

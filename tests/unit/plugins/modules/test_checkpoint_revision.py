@@ -308,6 +308,21 @@ def test_an_interrupted_removal_is_finished_and_never_left_under_its_commit(tmp_
     assert result["changed"] and os.listdir(tmp_path / "revisions") == [NEW]
 
 
+@pytest.mark.parametrize("check_mode", [True, False], ids=["check", "run"])
+def test_present_reports_the_interrupted_removal_it_finishes(tmp_path, run_module, check_mode):
+    revision(tmp_path, NEW, 2_000)
+    half = tmp_path / "revisions" / f".{OLD}.removing"
+    half.mkdir(parents=True)
+    (half / "model-00006-of-00006.safetensors").write_bytes(b"x")
+    result = present(tmp_path, run_module, check_mode=check_mode)
+    assert result["changed"] is True
+    verb = "would finish" if check_mode else "finished"
+    assert f"{verb} the removal an interrupted run left (.{OLD}.removing)" in result["msg"]
+    assert half.exists() is check_mode
+    if not check_mode:
+        assert present(tmp_path, run_module)["changed"] is False, "a second run changes nothing"
+
+
 def test_keep_count_below_one_fails(tmp_path, run_module):
     result = run_module(checkpoint_revision, {"root": str(tmp_path), "state": "pruned", "keep_count": 0})
     assert result.failed and "checkpoint_keep_revisions" in result["msg"]

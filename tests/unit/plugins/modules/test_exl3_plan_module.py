@@ -229,3 +229,14 @@ def test_unknown_owner_fails_naming_it(run_module, layout):
     result = run_module(exl3_plan, args(src, dest, owner="no-such-user-dsv41"))
     assert result.failed and "no-such-user-dsv41" in result["msg"]
     assert snapshot(dest.parent) == before
+
+
+def test_check_mode_before_the_directory_is_created_says_so_and_creates_nothing(run_module, layout):
+    """A check-mode run on a fresh node: the role's task before would create the plans' directory."""
+    src, dest = layout
+    missing = dest.parent / "plans" / dest.name
+    result = run_module(exl3_plan, args(src, missing), check_mode=True)
+    assert not result.failed, result
+    assert result["changed"] is True
+    assert result["msg"] == f"would copy {src} to {missing} once {missing.parent} exists"
+    assert not missing.parent.exists()
