@@ -78,7 +78,8 @@ def test_a_stop_file_left_by_an_earlier_watch_is_removed_when_the_watch_starts(t
     result = run_module(api_watch, {"url": api, "model": "m", "interval": 0.1, "stop_file": str(stop)})
     assert not result.failed
     assert time.monotonic() - started >= 0.4, "the stale stop file did not end the watch at once"
-    assert result["probes"] >= 3
+    # One probe would have been all with the stale file: a count of the machine's speed is no proof.
+    assert result["probes"] >= 2
 
 
 def test_an_api_that_never_comes_back_fails_naming_the_timeout(tmp_path, run_module):
