@@ -12,6 +12,7 @@ import datetime
 import enum
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -22,6 +23,8 @@ from dsv41_supervisor_settings import MIB, NodeConfig, Settings
 
 UNREACHABLE = "unreachable"  # the rank state of a node whose rankctl gave no status
 DOCKER_SILENT = "unknown"  # rankctl's rank state when the node's docker did not answer
+# Docker's RFC 3339 times carry nanoseconds, which datetime cannot hold.
+DOCKER_TIME_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)")
 
 PROBE_PROMPT = "Say OK."
 HTTP_BODY_LIMIT = 8 * MIB  # /metrics with every histogram is a few hundred KiB
@@ -612,6 +615,26 @@ def group_fault(obs: Observation, memory: Memory) -> Fault | None:
     return None
 
 
+def docker_epoch(value: str | None) -> float | None:
+    """Epoch seconds of a docker time (its fraction cut to microseconds); None for none or another text."""
+    match = DOCKER_TIME_RE.fullmatch(value or "")
+    if match is None:
+        return None
+    whole, fraction, zone = match.groups()
+    moment = datetime.datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
+    return moment.timestamp() + float(fraction or 0)
+
+
+def killed_since_its_start(obs: Observation) -> RankStatus | None:
+    """A rank that its node's memory guard killed after the rank was started. At a first look the
+    group's start is not known, but each rank's is, and both times come from the rank's own node."""
+    for rank in obs.ranks:
+        started = docker_epoch(rank.started_at)
+        if rank.memguard_last_kill is not None and started is not None and rank.memguard_last_kill > started:
+            return rank
+    return None
+
+
 def memguard_kill(obs: Observation, memory: Memory) -> RankStatus | None:
     """The node whose memory guard killed after the group was last started, if any."""
     if memory.group_started is None:
@@ -678,8 +701,13 @@ def _health_words(obs: Observation) -> str:
     return f"/health {obs.health}" if obs.health is not None else f"/health no answer ({obs.health_detail})"
 
 
-def _adopt(obs: Observation) -> Decision:
-    """The first look (service start or end of a pause): leave a running group alone."""
+def _adopt(obs: Observation, settings: Settings) -> Decision:
+    """The first look (service start or end of a pause): leave a running group alone. A rank the
+    memory guard killed meanwhile (a run's start that the guard cut short) stops the group, as
+    after a start: restarting it now would only be killed again."""
+    killed = killed_since_its_start(obs)
+    if killed is not None:
+        return _memory_stop(killed, 0, settings)
     running = [r for r in obs.ranks if r.running]
     if len(running) == len(obs.ranks):
         ranks = ", ".join(f"rank {r.rank} on {r.node} started {r.started_at}" for r in obs.ranks)
@@ -707,13 +735,13 @@ def _failed_stop(attempts: int, fault: Fault, wait: State, settings: Settings) -
     return Decision(Action.STOP, wait, fault.reason, attempts, cause=fault.cause)
 
 
-def _memory_stop(rank: RankStatus, memory: Memory, now: float, settings: Settings) -> Decision:
+def _memory_stop(rank: RankStatus, attempts: int, settings: Settings) -> Decision:
     assert rank.memguard_last_kill is not None
     reason = (
         f"memory guard on {rank.node} killed at {format_time(rank.memguard_last_kill)}: stopping the group,"
         f" then waiting for {format_gib(settings.memory_needed)} available on every node"
     )
-    return _failed_stop(memory.attempts, Fault(Cause.MEMORY_GUARD, reason), State.MEMORY_WAIT, settings)
+    return _failed_stop(attempts, Fault(Cause.MEMORY_GUARD, reason), State.MEMORY_WAIT, settings)
 
 
 def _fabric_stop(down: Sequence[tuple[str, Fabric]], memory: Memory) -> Decision:
@@ -849,13 +877,13 @@ def _decide_paused(obs: Observation, settings: Settings) -> Decision:
     return Decision(Action.NONE, State.PAUSED, reason, 0)
 
 
-def _decide_gave_up(obs: Observation, memory: Memory, _now: float, _settings: Settings) -> Decision:
+def _decide_gave_up(obs: Observation, memory: Memory, _now: float, settings: Settings) -> Decision:
     if obs.lock_taken != memory.lock_taken_seen:
         # The operator it waited for: a deployment run, which put the ranks right. However short the
         # run was (between two ticks), the lock's guard says it came. It looks as after a start,
         # with no failed attempt counted.
         down = fabric_down(obs)
-        first_look = _fabric_stop(down, memory)._replace(attempts=0) if down else _adopt(obs)
+        first_look = _fabric_stop(down, memory)._replace(attempts=0) if down else _adopt(obs, settings)
         reason = f"a deployment run took the lock since it gave up: {first_look.reason}"
         return first_look._replace(reason=reason)
     return Decision(Action.NONE, State.GAVE_UP, memory.reason, memory.attempts)
@@ -937,7 +965,7 @@ def _decide_group(obs: Observation, memory: Memory, now: float, settings: Settin
     """A group started or adopted: starting or healthy, unless the memory guard killed."""
     killed = memguard_kill(obs, memory)
     if killed is not None:  # before any restart: a restart now would be killed again
-        return _memory_stop(killed, memory, now, settings)
+        return _memory_stop(killed, memory.attempts, settings)
     if memory.state is State.STARTING:
         return _decide_starting(obs, memory, now, settings)
     return _decide_healthy(obs, memory, now, settings)
@@ -959,7 +987,7 @@ def decide(obs: Observation, memory: Memory, now: float, settings: Settings) -> 
     ):
         return _node_stop(gone, memory, settings)
     if memory.needs_adoption:
-        return _adopt(obs)
+        return _adopt(obs, settings)
     waiting = _WAITING.get(memory.state)
     if waiting is not None:
         return waiting(obs, memory, now, settings)

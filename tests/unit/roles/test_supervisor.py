@@ -1086,6 +1086,57 @@ def test_first_look_adopts_or_starts(observation: Any, action: str, state: str, 
 
 
 @pytest.mark.parametrize(
+    ("text", "epoch"),
+    [
+        pytest.param("2026-12-01T08:00:00.123456789Z", 1796112000.123456, id="docker-nanoseconds"),
+        pytest.param("2026-12-01T08:00:00Z", 1796112000.0, id="whole-seconds"),
+        pytest.param("2026-12-01T09:00:00.5+01:00", 1796112000.5, id="offset"),
+        pytest.param(None, None, id="never-started"),
+        pytest.param("yesterday", None, id="not-a-time"),
+        pytest.param("2026-12-01T08:00:00.1Z trailing", None, id="trailing-text"),
+    ],
+)
+def test_docker_epoch(text: str | None, epoch: float | None) -> None:
+    assert rules.docker_epoch(text) == (None if epoch is None else pytest.approx(epoch, abs=1e-6))
+
+
+B_STARTED = rules.docker_epoch(STARTED["spark-b"])
+GAVE_UP = {
+    "reason": "gave up after 5 failed attempts in a row; last: x",
+    "attempts": 5,
+    "lock_taken_seen": T0,
+}
+
+
+@pytest.mark.parametrize(
+    ("kill", "expected"),
+    [
+        pytest.param(
+            B_STARTED + 5,
+            ("stop", "memory_wait", 1, "memory guard on spark-b killed at"),
+            id="killed-since-the-rank-started",
+        ),
+        pytest.param(B_STARTED - 5, ("restart", "starting", 0, "lost rank 1 on spark-b"), id="an-older-kill"),
+    ],
+)
+@pytest.mark.parametrize(
+    "memory",
+    [
+        pytest.param(sup.Memory(since=NOW), id="first-look"),
+        pytest.param(mem(sup.State.GAVE_UP, **GAVE_UP), id="a-run-after-giving-up"),
+    ],
+)
+def test_first_look_judges_a_memory_guard_kill_against_the_rank_start(
+    kill: float, expected: tuple, memory: Any
+) -> None:
+    killed = rank("spark-b", "exited", exit_code=137, memguard_last_kill=kill)
+    decision = sup.decide(obs(rank("spark-a"), killed, lock_taken=T0 + 60), memory, NOW, SETTINGS)
+    action, state, attempts, reason = expected
+    assert (decision.action.value, decision.state.value, decision.attempts) == (action, state, attempts)
+    assert reason in decision.reason, decision.reason
+
+
+@pytest.mark.parametrize(
     ("observation", "memory", "expected"),
     [
         pytest.param(
@@ -1945,6 +1996,28 @@ def test_memory_guard_kill_stops_the_group_and_waits_for_memory(h: Harness) -> N
     assert "memory back: every node has >= 5.00 GiB available" in h.log_lines("decision")[-1]
     h.tick()
     assert h.sup.memory.state is sup.State.HEALTHY  # the old kill record predates this start
+
+
+def test_a_memory_guard_kill_before_the_first_look_after_a_run_stops_the_group(h: Harness) -> None:
+    """A run starts the ranks and gives the lock back; the guard kills one before the supervisor
+    has looked again. Restarting it as a lost rank would only be killed again (CI run 17)."""
+    h.adopt_healthy()
+    lock = h.state_dir / "deployment.lock"
+    lock.write_text("site.yml\n")
+    os.utime(lock, (h.clock.now, h.clock.now))
+    h.tick(5)
+    assert h.sup.memory.state is sup.State.PAUSED
+    h.head.started_at, h.worker.started_at = iso(h.clock.now), iso(h.clock.now + 1)  # the run's start
+    lock.unlink()
+    h.clock.now += 2
+    h.worker.memguard_last_kill = h.clock.now
+    h.worker.die(137)
+    h.worker.mem_available = 3 * GIB
+    h.tick()
+    assert h.cluster.actions() == [("spark-a", "stop"), ("spark-b", "stop")]
+    state = h.state()
+    assert (state["state"], state["attempts"]) == ("memory_wait", 1)
+    assert "memory guard on spark-b killed at" in state["reason"]
 
 
 @pytest.mark.parametrize(
