@@ -306,7 +306,7 @@ def test_a_rank_container_created_anew_by_hand_is_compared_in_full_and_the_group
     assert started_at(lab, "head") != before, "the head's rank starts anew with the worker's"
 
 
-def test_a_rank_that_dies_at_start_up_fails_the_run_fast_with_both_logs():
+def test_a_rank_that_dies_at_start_up_fails_the_run_fast_with_both_logs_and_gives_the_lock_back(lab):
     run, seconds = site("--tags", "rank", "-e", '{"rank_extra_args": ["--no-such-flag"]}')
     try:
         assert run.returncode != 0
@@ -314,6 +314,8 @@ def test_a_rank_that_dies_at_start_up_fails_the_run_fast_with_both_logs():
         assert "A rank failed to start" in run.stdout
         assert "unrecognized arguments: --no-such-flag" in run.stdout, "the head's log lines are shown"
         assert "===== worker (dsv41-r1)" in run.stdout, "the worker's log lines are shown"
+        lock = lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False)
+        assert lock.returncode != 0, "the failed run gave the lock back: the supervisor is not paused"
     finally:
         restored, _ = site("--tags", "rank")
         assert restored.returncode == 0, restored.stdout[-3000:]

@@ -231,6 +231,24 @@ def test_a_new_image_pulled_with_tags_image_switches_nothing(serving):
     assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0
 
 
+def test_an_image_that_cannot_be_pulled_fails_the_run_and_gives_the_lock_back(serving):
+    """A run that fails once it holds the lock gives it back: the supervisor, paused while it is
+    held, goes on watching the group the run left serving."""
+    lab = serving
+    before, record_before = started(lab), record_of(lab)
+    missing = f"{REGISTRY}/{ENGINE_REPO}@sha256:{'0' * 64}"
+    run, _ = site("-e", f"deployment_image={missing}")
+    assert run.returncode != 0
+    text = " ".join(run.stdout.split())
+    assert (
+        "Pull the serving image by digest failed (its error is above). The deployment lock is given back"
+        in text
+    )
+    assert started(lab) == before and record_of(lab) == record_before
+    assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0
+    assert wait_for(lambda: supervisor(lab)["state"] == "healthy", timeout=60), supervisor(lab)
+
+
 FOLLOW_MAIN = ("-e", "checkpoint_revision=main")
 
 

@@ -16,9 +16,19 @@ NOTIFYING = {
 }
 
 
+def tasks_in(tasks: list[dict]) -> list[dict]:
+    """Every task, those inside blocks included."""
+    found = []
+    for task in tasks:
+        found.append(task)
+        for part in ("block", "rescue", "always"):
+            found.extend(tasks_in(task.get(part, [])))
+    return found
+
+
 def roles_of(play: dict) -> set[str]:
     """The roles whose main tasks the play runs."""
-    imports = [task.get("ansible.builtin.import_role", {}) for task in play.get("tasks", [])]
+    imports = [task.get("ansible.builtin.import_role", {}) for task in tasks_in(play.get("tasks", []))]
     return {role["name"].rsplit(".", 1)[-1] for role in imports if role and "tasks_from" not in role}
 
 
