@@ -422,11 +422,20 @@ def test_site_takes_the_lock_right_after_preflight_and_gives_it_back_last():
     imported = [task.get("ansible.builtin.import_role", {}).get("name") for task in deploying["tasks"]]
     assert imported[0] == "sparkserve.dsv41.preflight"
     assert is_lock_task(deploying["tasks"][1], "acquired")
+    # Whatever fails once the lock is held gives it back first: the rest of the deploying play is
+    # one block, and so is the start-up report, each rescued by the give-back, then the failure.
+    (deploy,) = deploying["tasks"][2:]
+    report = next(play for play in plays[1:] if "failed to start" in play["name"])
+    for rescued in (deploy, report["tasks"][0]):
+        give_back, fail = rescued["rescue"]
+        assert is_lock_task(give_back, "released") and "ansible.builtin.fail" in fail
+        assert give_back["tags"] == fail["tags"] == ["always"], "rescued under any --tags"
     # After the lock is given back, only the play that fails a run whose switch failed.
     assert outcome_play(plays[-1])
     (give_back,) = plays[-2]["tasks"]
     assert is_lock_task(give_back, "released")
-    assert all("deployment_lock_state" not in json.dumps(play) for play in plays[1:-2])
+    others = [play for play in plays[1:-2] if play is not report]
+    assert all("deployment_lock_state" not in json.dumps(play) for play in others)
 
 
 def test_teardown_takes_the_lock_first_and_gives_it_back_last():
