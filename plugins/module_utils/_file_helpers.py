@@ -170,9 +170,11 @@ def write_atomically(module, path: str, data: bytes, mode: int | str | None = No
     the module before ``path`` is touched. The rename is ``module.atomic_move`` (SELinux contexts,
     cross-device fallbacks, the ``unsafe_writes`` option when the module has it), which gives an
     existing file back its owner, group and mode; a new one gets ``mode`` (without one, the umask's
-    permissions). The caller applies the file's other attributes afterwards
-    (``module.set_fs_attributes_if_different``, which also reports them in diff mode), as Ansible's
-    own modules do. An error of the rename is raised as ``OSError``.
+    permissions). An existing file looser than ``mode`` loses the extra permissions first, so the
+    new content (a rotated key) is never readable by more than both modes allow. The caller applies
+    the file's other attributes afterwards (``module.set_fs_attributes_if_different``, which also
+    reports them in diff mode), as Ansible's own modules do. An error of the rename is raised as
+    ``OSError``.
     """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
@@ -187,10 +189,23 @@ def write_atomically(module, path: str, data: bytes, mode: int | str | None = No
             os.replace(tmp_path, path)
         else:
             module.set_mode_if_different(tmp_path, mode, False)
+            if mode is not None:
+                _restrict_to(path, os.stat(tmp_path).st_mode & 0o7777)
             _move_into_place(module, tmp_path, path, mode)
     finally:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)
+
+
+def _restrict_to(path: str, mode: int) -> None:
+    """Take from an existing regular file the permissions ``mode`` lacks: atomic_move gives the new
+    content the old file's mode until the caller applies ``mode``. A link is replaced, not followed."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_mode & 0o7777 & ~mode:
+        os.chmod(path, info.st_mode & 0o7777 & mode)
 
 
 def _move_into_place(module, tmp_path: str, path: str, mode: int | str | None) -> None:

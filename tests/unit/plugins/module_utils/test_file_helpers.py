@@ -71,18 +71,48 @@ def test_write_atomically_with_a_module_moves_from_the_same_directory(tmp_path: 
     assert [p.name for p in tmp_path.iterdir()] == ["file.json"]
 
 
-def test_with_a_module_an_existing_file_keeps_its_attributes_until_the_caller_applies_them(
-    tmp_path: Path, module
+@pytest.mark.parametrize(
+    ("old", "mode", "expected"),
+    [
+        pytest.param(0o604, "0640", (0o600, True), id="looser-for-others-tighter-for-the-group"),
+        pytest.param(0o644, "0600", (0o600, False), id="a-key-over-a-readable-file"),
+        pytest.param(0o600, "0640", (0o600, True), id="tighter-file-kept-until-applied"),
+        pytest.param(0o644, "u=rw,g=r,o=", (0o640, False), id="symbolic-mode"),
+    ],
+)
+def test_with_a_module_the_new_content_is_never_looser_than_the_old_file_or_the_mode(
+    tmp_path: Path, module, old, mode, expected
 ):
+    """atomic_move gives the new content the old file's mode until the caller applies ``mode``: the
+    old file first loses what ``mode`` does not allow, so the content is never readable by more."""
     target = tmp_path / "settings.json"
     target.write_bytes(b"old\n")
-    target.chmod(0o604)
-    write_atomically(module, str(target), b"new\n", "0600")
-    assert target.stat().st_mode & 0o777 == 0o604  # atomic_move keeps the file's own mode
-    file_args = module.load_file_common_arguments({"mode": "0600"}, path=str(target))
-    assert module.set_fs_attributes_if_different(file_args, False) is True
-    assert target.stat().st_mode & 0o777 == 0o600
+    target.chmod(old)
+    seen: list[int] = []
+    real_move = module.atomic_move
+
+    def looking_move(src: str, dest: str, **kwargs) -> None:
+        real_move(src, dest, **kwargs)
+        seen.append(os.stat(dest).st_mode & 0o777)
+
+    module.atomic_move = looking_move
+    write_atomically(module, str(target), b"new\n", mode)
+    moved, applied = expected
+    assert seen == [moved]
+    file_args = module.load_file_common_arguments({"mode": mode}, path=str(target))
+    assert module.set_fs_attributes_if_different(file_args, False) is applied
     assert module.set_fs_attributes_if_different(file_args, False) is False
+
+
+def test_with_a_module_a_link_is_replaced_and_its_target_left_alone(tmp_path: Path, module):
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not ours\n")
+    outside.chmod(0o644)
+    target = tmp_path / "api_key"
+    target.symlink_to(outside)
+    write_atomically(module, str(target), b"secret\n", "0600")
+    assert not target.is_symlink() and target.read_bytes() == b"secret\n"
+    assert outside.read_bytes() == b"not ours\n" and outside.stat().st_mode & 0o777 == 0o644
 
 
 def test_the_temporary_file_is_never_readable_by_others(tmp_path: Path, module, monkeypatch):
