@@ -61,11 +61,14 @@ def directory(path: Path | str) -> Iterator[int]:
 
 
 def append(path: Path, data: bytes, mode: int = _FILE_MODE) -> None:
-    """Append ``data`` to ``path`` (created with ``mode`` when absent)."""
+    """Append ``data`` to the regular file ``path`` (created with ``mode`` when absent); OSError for
+    a link, a device or a FIFO, whose writer would block with no reader (the guard with it)."""
     with directory(path.parent) as parent:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         fd = os.open(path.name, flags, mode, dir_fd=parent)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
             _write_all(fd, data)
         finally:
             os.close(fd)

@@ -111,6 +111,24 @@ def test_rotation_renames_over_planted_links_and_never_writes_their_targets(
     assert not (state / "x.log").exists()
 
 
+@pytest.mark.parametrize("reader", [False, True], ids=["no-reader", "a-reader"])
+def test_a_fifo_planted_at_a_log_is_refused_at_once(state: Path, reader: bool) -> None:
+    """Without a reader, a blocking open for writing waits for ever: the guard, whose kill follows
+    its log line, would stop guarding while systemd still says active."""
+    os.mkfifo(state / "x.log")
+    held = os.open(state / "x.log", os.O_RDONLY | os.O_NONBLOCK) if reader else None
+    started = time.monotonic()
+    try:
+        with pytest.raises(OSError):
+            shared.append(state / "x.log", b"line\n")
+        if held is not None:
+            assert os.read(held, 100) == b"", "nothing written into the FIFO"
+    finally:
+        if held is not None:
+            os.close(held)
+    assert time.monotonic() - started < 1
+
+
 @pytest.mark.parametrize("planted", ["link", "fifo"])
 def test_reading_refuses_a_link_or_a_fifo(state: Path, secret: Path, planted: str) -> None:
     if planted == "link":
