@@ -622,12 +622,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def read_key(args: argparse.Namespace) -> str:
+    """The key, checked before it goes into a header: http.client rejects any other with the header's
+    text in its message, which the failure would write into bench.json."""
     if args.api_key_file:
         try:
-            return Path(args.api_key_file).expanduser().read_text().strip()
-        except OSError as exc:
+            key = Path(args.api_key_file).expanduser().read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
             raise BenchError(f"cannot read the key file {args.api_key_file}: {exc}") from exc
-    return os.environ.get(args.api_key_env, "")
+        where = f"the key file {args.api_key_file}"
+    else:
+        key, where = os.environ.get(args.api_key_env, "").strip(), f"${args.api_key_env}"
+    if key and not re.fullmatch(r"[A-Za-z0-9_-]+", key):
+        raise BenchError(f"{where} holds no key of A-Z a-z 0-9 - _ alone")
+    return key
 
 
 # --- progress, in the collection's progress document ----------------------------------------------

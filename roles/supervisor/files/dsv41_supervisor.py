@@ -44,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -122,6 +123,8 @@ else:
 # --------------------------------------------------------------------------------------------
 
 # No proxy: the API is on this host, and a proxy from the environment must never see the key.
+# The key as the api_key module generates or accepts one: URL-safe characters only.
+API_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -145,10 +148,14 @@ def http_request(
 
 
 def read_api_key(path: Path) -> str:
-    """The key, read at each use (site.yml may rotate it); ValueError when there is none."""
+    """The key, read at each use (site.yml may rotate it); ValueError when there is none or the file
+    holds no key as site.yml writes one: a header of anything else fails in http.client with the
+    text in its message, which would crash the loop and print the key in the journal."""
     key = shared.read_text(path).strip()  # never a root-only file a link names, sent as a header
     if not key:
         raise ValueError(f"{path} is empty")
+    if not API_KEY_RE.fullmatch(key):
+        raise ValueError(f"{path} holds no key of A-Z a-z 0-9 - _ alone (an edited file?)")
     return key
 
 

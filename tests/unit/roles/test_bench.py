@@ -128,6 +128,19 @@ def test_the_key_is_read_from_a_file_or_the_environment(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("source", ["file", "env"])
+def test_a_key_that_is_no_key_fails_before_any_request_without_quoting_it(tmp_path, monkeypatch, source):
+    """http.client would reject the header with its text in the error, which bench.json keeps."""
+    edited = "first-key-0123\nsecond-key-0123"
+    key_file = tmp_path / "api_key"
+    key_file.write_text(edited + "\n")
+    monkeypatch.setenv("SPARK_KEY", edited)
+    given = ["--api-key-file", str(key_file)] if source == "file" else ["--api-key-env", "SPARK_KEY"]
+    with pytest.raises(bench.BenchError, match="holds no key of A-Z a-z 0-9 - _ alone") as raised:
+        bench.read_key(bench.parse(["run", "--base-url", "http://h/v1", *given]))
+    assert "second-key" not in str(raised.value)
+
+
 @pytest.mark.parametrize(
     "bad",
     [

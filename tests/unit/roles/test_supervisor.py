@@ -2378,6 +2378,33 @@ def test_probe_401_and_unreadable_key_do_not_restart(h: Harness) -> None:
     assert "cannot read the key" in h.state()["api"]["last_probe"]["detail"]
 
 
+@pytest.mark.parametrize(
+    "edited",
+    ["first-key-0123456789\nsecond-key-0123456789\n", "k\u00e9y-0123456789\n", "key with spaces-0123\n"],
+    ids=["two-lines", "not-ascii", "inner-spaces"],
+)
+def test_a_key_file_edited_into_no_key_is_an_inconclusive_probe_and_never_logged(
+    h: Harness, edited: str
+) -> None:
+    """http.client refuses such a header with its text in the error: the loop would crash on every
+    probe, restarted by systemd, with the key in the journal."""
+    h.adopt_healthy()
+    h.key_file.write_text(edited)
+    h.clock.now += 60
+    h.tick(2)
+    assert h.cluster.actions() == []
+    probe = h.state()["api"]["last_probe"]
+    assert probe["outcome"] == "inconclusive" and "holds no key of A-Z a-z 0-9 - _ alone" in probe["detail"]
+    everything = h.log_path.read_text() + (h.state_dir / "supervisor-state.json").read_text()
+    assert all(line not in everything for line in edited.splitlines())
+
+
+def test_a_header_of_no_key_fails_in_http_client_with_its_text() -> None:
+    """What read_api_key keeps from the real request (no server needed: the header fails first)."""
+    with pytest.raises(ValueError, match="second-key"):
+        sup.http_request("GET", "http://127.0.0.1:9/", {"Authorization": "Bearer first\nsecond-key"}, None, 1)
+
+
 def test_the_key_is_read_at_each_use_and_never_logged(h: Harness) -> None:
     h.adopt_healthy()
     h.tick()
