@@ -511,8 +511,14 @@ def track(memory: Memory, obs: Observation, now: float) -> Memory:
     health_bad_since = memory.health_bad_since if memory.health_bad_since is not None else now
     if obs.health == 200:
         health_bad_since = None
+    # A node that gave no status when the group was started or adopted: its first answer since.
+    missing = [r for r in obs.ranks if not r.unreachable and r.node not in memory.baseline]
+    baseline = memory.baseline
+    if missing and memory.group_started is not None and memory.state in (State.STARTING, State.HEALTHY):
+        baseline = {**memory.baseline, **baseline_from(missing)}
     return dataclasses.replace(
         memory,
+        baseline=baseline,
         last_metrics=reference,
         last_progress=now if progressed or memory.last_progress is None else memory.last_progress,
         last_answered=now if answered else memory.last_answered,
@@ -702,15 +708,19 @@ def _health_words(obs: Observation) -> str:
 
 
 def _adopt(obs: Observation, settings: Settings) -> Decision:
-    """The first look (service start or end of a pause): leave a running group alone. A rank the
-    memory guard killed meanwhile (a run's start that the guard cut short) stops the group, as
-    after a start: restarting it now would only be killed again."""
+    """The first look (service start or end of a pause): leave a running group alone, also while a
+    node of a group whose API answers gives no status (the node rule waits for it as for a healthy
+    group). A rank the memory guard killed meanwhile (a run's start that the guard cut short) stops
+    the group, as after a start: restarting it now would only be killed again."""
     killed = killed_since_its_start(obs)
     if killed is not None:
         return _memory_stop(killed, 0, settings)
-    running = [r for r in obs.ranks if r.running]
+    running = [r for r in obs.ranks if r.running or (r.unreachable and obs.health == 200)]
     if len(running) == len(obs.ranks):
-        ranks = ", ".join(f"rank {r.rank} on {r.node} started {r.started_at}" for r in obs.ranks)
+        ranks = ", ".join(
+            f"rank {r.rank} on {r.node} " + (f"started {r.started_at}" if r.running else "gave no status")
+            for r in obs.ranks
+        )
         if obs.health == 200:
             return Decision(Action.ADOPT, State.HEALTHY, f"adopted the running group ({ranks})", 0)
         return Decision(
@@ -761,16 +771,16 @@ def node_wait_reason(gone: Sequence[RankStatus]) -> str:
 
 
 def serving_through_silence(obs: Observation, memory: Memory, now: float, settings: Settings) -> bool:
-    """A healthy group whose API still answers while a node has given no status for less than
-    hang_seconds: one status that timed out (a node busy with I/O, a dropped SSH connection) must
-    not stop a group that serves. A node that is really gone takes its rank with it, and the API
-    fails within that bound (measured on vLLM 0.32: the head answers HTTP 500 once, then exits)."""
-    return (
-        memory.state is State.HEALTHY
-        and obs.health == 200
-        and memory.unreachable_since is not None
-        and now - memory.unreachable_since < settings.hang
-    )
+    """A node has given no status for less than hang_seconds while the group serves (healthy, or
+    seen at a first look, with an API that answers) or starts: one status that timed out (a node
+    busy with I/O, a dropped SSH connection) must stop neither. A node that is really gone takes its
+    rank with it, and the API fails within that bound (measured on vLLM 0.32: the head answers HTTP
+    500 once, then exits); a start has its own bounds."""
+    if memory.unreachable_since is None or now - memory.unreachable_since >= settings.hang:
+        return False
+    if memory.needs_adoption or memory.state is State.HEALTHY:
+        return obs.health == 200
+    return memory.state is State.STARTING
 
 
 def _node_stop(gone: Sequence[RankStatus], memory: Memory, settings: Settings) -> Decision:
@@ -1013,7 +1023,9 @@ def stop_plan(settings: Settings) -> list[Step]:
 
 
 def baseline_from(ranks: Sequence[RankStatus]) -> dict[str, Baseline]:
-    return {r.node: Baseline(r.started_at, r.boot_id) for r in ranks}
+    """The reference for "restarted alone" and "rebooted": what each node that answered said (a
+    node that gave no status is filled in when it answers, see track)."""
+    return {r.node: Baseline(r.started_at, r.boot_id) for r in ranks if not r.unreachable}
 
 
 def rank_summary(rank: RankStatus) -> dict[str, Any]:

@@ -857,12 +857,20 @@ PREFILL = sup.Metrics(1.0, 0.0, 5000.0, kv_usage=0.3)
             id="unreachable-and-the-api-failing-node-waited-for-at-once",
         ),
         pytest.param(
-            obs(rank("spark-a"), UNREACHABLE),
-            mem(sup.State.STARTING, unreachable_since=NOW),
+            obs(rank("spark-a"), UNREACHABLE, health=None),
+            mem(sup.State.STARTING, group_started=NOW - 30, unreachable_since=NOW - 55),
+            "none",
+            "starting",
+            "",
+            id="unreachable-less-than-hang-seconds-while-starting-left-starting",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), UNREACHABLE, health=None),
+            mem(sup.State.STARTING, group_started=NOW - 90, unreachable_since=NOW - 60),
             "stop",
             "node_wait",
             "node not answering: spark-b (rc=255: ssh: connect to host: No route to host): waiting for it",
-            id="unreachable-while-starting-node-waited-for-at-once",
+            id="unreachable-for-hang-seconds-while-starting-node-waited-for",
         ),
         pytest.param(
             obs(rank("spark-a"), DOCKER_SILENT),
@@ -1077,10 +1085,27 @@ def test_decide(observation: Any, memory: Any, action: str, state: str, reason: 
         pytest.param(
             obs(rank("spark-a"), EXITED), "restart", "starting", "lost rank 1 on spark-b", id="half-running"
         ),
+        pytest.param(
+            obs(rank("spark-a"), UNREACHABLE),
+            "adopt",
+            "healthy",
+            "adopted the running group (rank 0 on spark-a started 2026-12-01T08:00:00.1Z,"
+            " rank 1 on spark-b gave no status)",
+            id="a-node-silent-while-the-api-answers",
+        ),
+        pytest.param(
+            obs(rank("spark-a"), UNREACHABLE, health=500),
+            "stop",
+            "node_wait",
+            "node not answering: spark-b",
+            id="a-node-silent-and-the-api-failing",
+        ),
     ],
 )
 def test_first_look_adopts_or_starts(observation: Any, action: str, state: str, reason: str) -> None:
-    decision = sup.decide(observation, sup.Memory(since=NOW), NOW, SETTINGS)
+    silent = any(rank.unreachable for rank in observation.ranks)
+    memory = sup.track(sup.Memory(since=NOW), observation, NOW) if silent else sup.Memory(since=NOW)
+    decision = sup.decide(observation, memory, NOW, SETTINGS)
     assert (decision.action.value, decision.state.value, decision.attempts) == (action, state, 0)
     assert decision.reason.startswith(reason), decision.reason
 
@@ -2426,6 +2451,43 @@ def test_metrics_down_probes_instead(h: Harness) -> None:
     h.tick(30)
     assert h.cluster.actions() == []  # no metrics, no hang verdict
     assert len(h.api.probes) >= 2
+
+
+def test_a_node_silent_at_the_first_look_after_a_run_is_waited_for_while_the_api_answers(h: Harness) -> None:
+    """One status lost right after a run gives the lock back stops nothing; the node's first answer
+    fills in its reference, so a later restart of its rank alone is still seen."""
+    h.adopt_healthy()
+    lock = h.state_dir / "deployment.lock"
+    lock.write_text("site.yml\n")
+    os.utime(lock, (h.clock.now, h.clock.now))
+    h.tick(5)
+    lock.unlink()
+    h.worker.unreachable = True
+    h.tick()
+    assert h.cluster.actions() == []
+    assert "healthy action=adopt" in h.log_lines("decision")[-1]
+    assert "rank 1 on spark-b gave no status" in h.log_lines("decision")[-1]
+    h.worker.unreachable = False
+    h.tick(3)
+    assert h.cluster.actions() == [] and h.sup.memory.state is sup.State.HEALTHY
+    h.worker.restart_alone()
+    h.tick()
+    assert h.cluster.actions() == GROUP_RESTART
+    assert "rank 1 on spark-b restarted alone" in h.log_lines("decision")[-1]
+
+
+def test_a_node_silent_for_one_look_after_a_restart_is_no_rank_restarted_alone(h: Harness) -> None:
+    h.adopt_healthy()
+    h.head.die(137)
+    h.worker.vanish_after_start = True  # its status right after the start does not come back
+    h.tick()
+    assert h.cluster.actions() == GROUP_RESTART
+    h.worker.vanish_after_start = h.worker.unreachable = False
+    h.tick(3)
+    assert h.cluster.actions() == GROUP_RESTART, h.log_lines("decision")
+    assert h.sup.memory.state is sup.State.HEALTHY and h.sup.memory.attempts == 0
+    assert not any("restarted alone" in line for line in h.log_lines("decision"))
+    assert set(h.sup.memory.baseline) == {"spark-a", "spark-b"}
 
 
 def test_deployment_lock_pauses_then_the_group_is_adopted_again(h: Harness) -> None:
