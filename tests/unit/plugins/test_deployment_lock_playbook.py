@@ -423,10 +423,17 @@ def test_site_takes_the_lock_right_after_preflight_and_gives_it_back_last():
     assert imported[0] == "sparkserve.dsv41.preflight"
     assert is_lock_task(deploying["tasks"][1], "acquired")
     # Whatever fails once the lock is held gives it back first: the rest of the deploying play is
-    # one block, and so is the start-up report, each rescued by the give-back, then the failure.
+    # one block, and so are the start-up report and the rollback's start, each rescued by the
+    # give-back, then the failure, on every node at once (a node that went on would run unlocked).
     (deploy,) = deploying["tasks"][2:]
     report = next(play for play in plays[1:] if "failed to start" in play["name"])
-    for rescued in (deploy, report["tasks"][0]):
+    rollback = next(play for play in plays[1:] if "the ranks in order" in play["name"])
+    for play, rescued in (
+        (deploying, deploy),
+        (report, report["tasks"][0]),
+        (rollback, rollback["tasks"][0]),
+    ):
+        assert play["any_errors_fatal"] is True, play["name"]
         give_back, fail = rescued["rescue"]
         assert is_lock_task(give_back, "released") and "ansible.builtin.fail" in fail
         assert give_back["tags"] == fail["tags"] == ["always"], "rescued under any --tags"
@@ -434,7 +441,7 @@ def test_site_takes_the_lock_right_after_preflight_and_gives_it_back_last():
     assert outcome_play(plays[-1])
     (give_back,) = plays[-2]["tasks"]
     assert is_lock_task(give_back, "released")
-    others = [play for play in plays[1:-2] if play is not report]
+    others = [play for play in plays[1:-2] if play is not report and play is not rollback]
     assert all("deployment_lock_state" not in json.dumps(play) for play in others)
 
 
@@ -483,6 +490,9 @@ def test_restart_gets_the_lock_from_site_even_for_the_ranks_alone():
         task for task in tasks[:taken] if task.startswith(tuple(f"sparkserve.dsv41.{r} :" for r in changing))
     ]
     assert tasks[-4:] == [*lock, "Fail the run naming a switch that failed"]
+    # A switch of the ranks alone pulls its image first, not while the ranks are down.
+    pull = tasks.index("sparkserve.dsv41.image : Pull the serving image by digest")
+    assert pull < min(i for i, task in enumerate(tasks) if task.startswith("sparkserve.dsv41.rank :"))
 
 
 def test_a_run_whose_lock_was_taken_over_leaves_the_new_holders_lock(cases):
