@@ -398,6 +398,35 @@ def test_teardown_by_fqcn_keeps_state_and_model_purges_state_only_when_asked_and
     assert logs.returncode == 0 and "===== worker (dsv41-r1)" in logs.stdout, logs.stdout[-3000:]
 
 
+def test_a_teardown_without_the_head_is_refused_before_anything_stops(lab):
+    """The head's supervisor would start again whatever a teardown of the workers alone stopped."""
+    run, _ = run_playbook("playbooks/teardown.yml", "--limit", "worker")
+    assert run.returncode != 0
+    assert "teardown.yml stops the whole deployment and needs the head (head)" in " ".join(run.stdout.split())
+    assert changed_nothing(run), run.stdout[-3000:]
+    assert_serving(lab)
+    assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0
+
+
+def test_a_teardown_of_the_ranks_alone_stops_the_supervisor_so_they_stay_stopped(lab):
+    """--tags rank: the supervisor, which would start them again once the lock is back, stops too."""
+    run, _ = run_playbook("playbooks/teardown.yml", "--tags", "rank")
+    try:
+        assert run.returncode == 0, run.stdout[-3000:]
+        supervisor = lab.ssh("head", "systemctl is-active dsv41-supervisor", check=False).stdout.strip()
+        assert supervisor != "active"
+        time.sleep(10)  # two of the supervisor's ticks, had it been left running
+        for node, rank in RANKS.items():
+            running = lab.ssh(
+                node, f"docker inspect -f '{{{{.State.Running}}}}' dsv41-r{rank}"
+            ).stdout.strip()
+            assert running == "false", f"dsv41-r{rank} on {node} started again"
+    finally:
+        restored, _ = site()
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    assert_serving(lab)
+
+
 def test_a_purge_of_a_directory_holding_another_model_is_refused_before_anything_stops(lab):
     """deployment_model_dir set to ~/models, which holds another model beside the checkpoint."""
     models = MODEL_DIR.rsplit("/", 1)[0]

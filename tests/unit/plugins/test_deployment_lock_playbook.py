@@ -449,8 +449,10 @@ def test_teardown_takes_the_lock_first_and_gives_it_back_last():
     plays = yaml.safe_load((REPO / "playbooks" / "teardown.yml").read_text())
     first, last = lock_plays()
     assert plays[0]["any_errors_fatal"] is True, "a refused lock stops every host"
-    # Only the purge's check (in check mode, so it changes nothing) comes before the lock.
-    check, *taking = plays[0]["tasks"]
+    # Only checks come before the lock: that the head is in the run (its supervisor would start
+    # again what a run without it stopped), and the purge's (in check mode, changing nothing).
+    head, check, *taking = plays[0]["tasks"]
+    assert "ansible.builtin.assert" in head and head["tags"] == ["always"]
     assert check["vars"] == {"deployment_purge_check_only": True}
     assert [taking, plays[-1]] == [first["tasks"], last]
     assert all("deployment_lock_state" not in json.dumps(play) for play in plays[1:-1])
