@@ -631,22 +631,14 @@ def docker_epoch(value: str | None) -> float | None:
     return moment.timestamp() + float(fraction or 0)
 
 
-def killed_since_its_start(obs: Observation) -> RankStatus | None:
-    """A rank that its node's memory guard killed after the rank was started. At a first look the
-    group's start is not known, but each rank's is, and both times come from the rank's own node."""
+def memguard_kill(obs: Observation, baseline: Mapping[str, Baseline]) -> RankStatus | None:
+    """A rank its node's memory guard killed since the group started it: the kill is newer than
+    the rank's Docker start as the group's start or adoption recorded it (its current start where
+    none is recorded, as at a first look). Both times come from the rank's own node's clock."""
     for rank in obs.ranks:
-        started = docker_epoch(rank.started_at)
+        recorded = baseline.get(rank.node)
+        started = docker_epoch(recorded.started_at if recorded is not None else rank.started_at)
         if rank.memguard_last_kill is not None and started is not None and rank.memguard_last_kill > started:
-            return rank
-    return None
-
-
-def memguard_kill(obs: Observation, memory: Memory) -> RankStatus | None:
-    """The node whose memory guard killed after the group was last started, if any."""
-    if memory.group_started is None:
-        return None
-    for rank in obs.ranks:
-        if rank.memguard_last_kill is not None and rank.memguard_last_kill > memory.group_started:
             return rank
     return None
 
@@ -712,7 +704,7 @@ def _adopt(obs: Observation, settings: Settings) -> Decision:
     node of a group whose API answers gives no status (the node rule waits for it as for a healthy
     group). A rank the memory guard killed meanwhile (a run's start that the guard cut short) stops
     the group, as after a start: restarting it now would only be killed again."""
-    killed = killed_since_its_start(obs)
+    killed = memguard_kill(obs, {})  # nothing recorded yet: each rank's own start
     if killed is not None:
         return _memory_stop(killed, 0, settings)
     running = [r for r in obs.ranks if r.running or (r.unreachable and obs.health == 200)]
@@ -973,7 +965,7 @@ _NODE_RULE_EXEMPT = _FABRIC_RULE_EXEMPT
 
 def _decide_group(obs: Observation, memory: Memory, now: float, settings: Settings) -> Decision:
     """A group started or adopted: starting or healthy, unless the memory guard killed."""
-    killed = memguard_kill(obs, memory)
+    killed = memguard_kill(obs, memory.baseline)
     if killed is not None:  # before any restart: a restart now would be killed again
         return _memory_stop(killed, memory.attempts, settings)
     if memory.state is State.STARTING:

@@ -754,7 +754,7 @@ SETTINGS = supervisor_settings.load_settings(
     config_doc(Path("/state"), Path("/state/api_key"), nodes=2, startup_timeout_seconds=600)
 )
 NOW = T0 + 10_000
-STARTED = {"spark-a": "2026-12-01T08:00:00.1Z", "spark-b": "2026-12-01T08:00:00.2Z"}
+STARTED = {"spark-a": "2025-12-01T08:59:59.1Z", "spark-b": "2025-12-01T08:59:59.2Z"}  # just before T0
 BOOTS = {"spark-a": "boot-a", "spark-b": "boot-b"}
 BASELINE = {n: rules.Baseline(STARTED[n], BOOTS[n]) for n in STARTED}
 
@@ -902,7 +902,7 @@ PREFILL = sup.Metrics(1.0, 0.0, 5000.0, kv_usage=0.3)
             "restart",
             "starting",
             "rank 1 on spark-b restarted alone: started 2026-12-01T09:40:00.3Z, the group started it at"
-            " 2026-12-01T08:00:00.2Z (docker restart count 1)",
+            " 2025-12-01T08:59:59.2Z (docker restart count 1)",
             id="restarted-alone",
         ),
         pytest.param(
@@ -1089,7 +1089,7 @@ def test_decide(observation: Any, memory: Any, action: str, state: str, reason: 
             obs(rank("spark-a"), UNREACHABLE),
             "adopt",
             "healthy",
-            "adopted the running group (rank 0 on spark-a started 2026-12-01T08:00:00.1Z,"
+            "adopted the running group (rank 0 on spark-a started 2025-12-01T08:59:59.1Z,"
             " rank 1 on spark-b gave no status)",
             id="a-node-silent-while-the-api-answers",
         ),
@@ -1159,6 +1159,45 @@ def test_first_look_judges_a_memory_guard_kill_against_the_rank_start(
     action, state, attempts, reason = expected
     assert (decision.action.value, decision.state.value, decision.attempts) == (action, state, attempts)
     assert reason in decision.reason, decision.reason
+
+
+@pytest.mark.parametrize(
+    ("group_started", "kill", "worker", "expected"),
+    [
+        pytest.param(
+            T0 + 60,
+            B_STARTED + 30,
+            {"state": "exited", "exit_code": 137},
+            ("stop", "memory_wait", "memory guard on spark-b killed at"),
+            id="worker-clock-behind-the-head",
+        ),
+        pytest.param(
+            T0 - 60,
+            B_STARTED - 30,
+            {},
+            ("none", "healthy", "group healthy"),  # from starting: it answers
+            id="worker-clock-ahead-of-the-head",
+        ),
+        pytest.param(
+            T0,
+            B_STARTED + 30,
+            {"started_at": iso(B_STARTED + 31), "restart_count": 1},
+            ("stop", "memory_wait", "memory guard on spark-b killed at"),
+            id="restarted-alone-after-the-kill",
+        ),
+    ],
+)
+@pytest.mark.parametrize("state", [sup.State.STARTING, sup.State.HEALTHY])
+def test_a_memory_guard_kill_is_judged_on_the_killed_ranks_own_clock(
+    state: Any, group_started: float, kill: float, worker: dict, expected: tuple
+) -> None:
+    """The group's start is the head's clock, the kill record the worker's: only the worker's own
+    start of its rank (recorded when the group started it) tells which came first."""
+    observation = obs(rank("spark-a"), rank("spark-b", memguard_last_kill=kill, **worker))
+    memory = mem(state, group_started=group_started, api_up=T0, last_answered=NOW, last_probe=PROBE_OK)
+    decision = sup.decide(observation, memory, NOW, SETTINGS)
+    assert (decision.action.value, decision.state.value) == expected[:2], decision.reason
+    assert expected[2] in decision.reason, decision.reason
 
 
 @pytest.mark.parametrize(
