@@ -307,12 +307,26 @@ class Guard:
             return
         # Log the intent before the kill: if the host wedges anyway, this line is already written.
         self.log.write("kill", f"{under}; killing containers: {' '.join(names)}")
-        if self._docker("kill", *names) is not None:
-            self.last_kill_time = now
-            self.log.write("killed", f"containers: {' '.join(names)}")
-            if self.metrics is not None:
-                self.metrics.killed()
-            self._record_kill()
+        outcome = ""
+        if self._docker("kill", *names) is None:
+            # A rank that exited since the listing (under this same pressure) fails the whole
+            # kill; its aim is met once none of them runs, and the supervisor must hear of it.
+            if self._still_running(names) != []:
+                return
+            outcome = " (none runs now)"
+        self.last_kill_time = now
+        self.log.write("killed", f"containers: {' '.join(names)}{outcome}")
+        if self.metrics is not None:
+            self.metrics.killed()
+        self._record_kill()
+
+    def _still_running(self, names: Sequence[str]) -> list[str] | None:
+        """Which of ``names`` still run; None when docker cannot say."""
+        s = self.settings
+        listed = self._docker("ps", "--filter", f"name=^{s.container_prefix}", "--format", "{{.Names}}")
+        if listed is None:
+            return None
+        return [name for name in matching_containers(listed.stdout, s.container_prefix) if name in names]
 
     def _record_kill(self) -> None:
         """Leave the time of the kill where the supervisor looks: it must not start the ranks again

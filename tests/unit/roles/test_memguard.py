@@ -127,6 +127,19 @@ with (here / "calls.jsonl").open("a") as calls:
 if sys.argv[1] == "ps":
     # Deliberately ignores --filter: the guard must check the prefix itself.
     sys.stdout.write((here / "names.txt").read_text())
+elif sys.argv[1] == "kill" and (here / "exited.txt").exists():
+    # Ranks that exited between the guard's ps and its kill: docker kills the others, names the
+    # ones not running, exits 1 (its words, measured on Docker 20.10); none of them runs afterwards.
+    exited = (here / "exited.txt").read_text().split()
+    running = (here / "names.txt").read_text().split()
+    (here / "names.txt").write_text("".join(n + "\\n" for n in running if n not in sys.argv[2:]))
+    for name in sys.argv[2:]:
+        if name in exited:
+            sys.stderr.write("Error response from daemon: Cannot kill container: " + name
+                             + ": Container 5bc6489745d2" + name + " is not running\\n")
+        else:
+            print(name)
+    sys.exit(1 if set(exited) & set(sys.argv[2:]) else 0)
 elif sys.argv[1] == "kill":
     rc = int((here / "kill_rc").read_text())
     if rc:
@@ -155,6 +168,10 @@ class FakeDocker:
 
     def set_kill_rc(self, rc: int) -> None:
         (self.path.parent / "kill_rc").write_text(str(rc))
+
+    def exit_before_the_kill(self, *names: str) -> None:
+        """These ranks exit between the guard's ps and its kill (under the same memory pressure)."""
+        (self.path.parent / "exited.txt").write_text(" ".join(names))
 
     def calls(self) -> list[list[str]]:
         if not self.calls_file.exists():
@@ -429,6 +446,22 @@ def test_no_kill_no_record_and_a_failed_kill_is_not_recorded(harness: Harness, d
     docker.set_kill_rc(1)
     harness.run([0.5])
     assert not record.exists(), "only a kill that happened is recorded"
+
+
+@pytest.mark.parametrize("exited", [("dsv41-r1",), ("dsv41-r0", "dsv41-r1")], ids=["one", "both"])
+def test_a_rank_that_exited_before_the_kill_is_recorded_as_killed(
+    harness: Harness, docker: FakeDocker, exited: tuple[str, ...]
+) -> None:
+    """docker kill fails for a rank no longer running; the kill's aim is met once none runs, and
+    without a record the supervisor would restart the group as a lost rank while memory is short."""
+    record = harness.tmp_path / "state" / "memguard-last-kill"
+    docker.exit_before_the_kill(*exited)
+    harness.run([0.5, 0.5])
+    assert docker.kills() == [["dsv41-r0", "dsv41-r1"]], "the cooldown is armed: no second kill"
+    assert record.exists()
+    (error,) = harness.log_lines("error")
+    assert "is not running" in error
+    assert harness.log_lines("killed")[0].endswith("containers: dsv41-r0 dsv41-r1 (none runs now)")
 
 
 def test_above_floor_does_nothing(harness: Harness, docker: FakeDocker) -> None:
