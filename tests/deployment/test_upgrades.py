@@ -211,9 +211,10 @@ def test_a_rollback_with_nothing_to_go_back_to_changes_nothing_and_gives_the_loc
     finally:
         lab.ssh("head", f"mv {STATE_DIR}/deployments.json.aside {STATE_DIR}/deployments.json")
     assert run.returncode != 0
-    assert "Nothing changed: no previous deployment is recorded to roll back to" in run.stdout, run.stdout[
-        -3000:
-    ]
+    assert (
+        "Nothing rolled back, no rank changed: no previous deployment is recorded to roll back to"
+        in run.stdout
+    ), run.stdout[-3000:]
     assert started(lab) == before
     assert lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False).returncode != 0
 
