@@ -35,7 +35,9 @@ logged with its reason (stdout for journald, and a size-rotated ``supervisor.log
 Stdlib only, Python 3.10+, runs as root under systemd. The decisions are pure functions of an
 observation, the remembered state and the time; the loop takes its clock, sleep, command runner
 and HTTP client as parameters, so the unit tests run without docker, root, ssh or a network.
-All times are epoch seconds from one clock: order the unit after time-sync.target.
+Durations are on the monotonic clock, so a clock step neither stretches nor cuts a hang, a
+start-up or a backoff; epoch seconds only where other clocks meet: the lock file's age, a kill
+record against its rank's Docker start, the state file's times.
 """
 
 from __future__ import annotations
@@ -178,13 +180,15 @@ class Supervisor:
         http: Http,
         clock: Callable[[], float],
         sleep: Callable[[float], None],
+        wall: Callable[[], float] = time.time,
         metrics: supervisor_metrics.SupervisorMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.log = log
         self.run = run
         self.http = http
-        self.clock = clock
+        self.clock = clock  # monotonic: every duration (a clock step must not stretch or cut one)
+        self.wall = wall  # epoch seconds: the lock file's age and the state file's times
         self.sleep = sleep
         self.metrics = metrics
         self.memory = Memory(since=clock())
@@ -236,7 +240,7 @@ class Supervisor:
         # The guard first: a run that takes the lock between the two reads is then seen holding it.
         taken = read_lock_mtime(s.lock_guard_path)
         mtime = read_lock_mtime(s.lock_path)
-        lock = lock_status(mtime, now, s.pause_max)
+        lock = lock_status(mtime, self.wall(), s.pause_max)
         ranks = self.collect_ranks()
         health, health_detail = self.get_health()
         metrics = self.get_metrics()
@@ -263,9 +267,7 @@ class Supervisor:
         rendezvous."""
         starts_began = None
         for index, step in enumerate(steps, 1):
-            lock = lock_status(
-                read_lock_mtime(self.settings.lock_path), self.clock(), self.settings.pause_max
-            )
+            lock = lock_status(read_lock_mtime(self.settings.lock_path), self.wall(), self.settings.pause_max)
             if lock is LockStatus.HELD:
                 yielded = (
                     f"a deployment run took {self.settings.lock_path} before step {index}/{len(steps)}"
@@ -438,7 +440,9 @@ class Supervisor:
             self.metrics.observe(self.memory.state.value, ranks, self.memory.attempts)
 
     def write_state(self, memory: Memory) -> None:
-        doc = state_document(memory, self.last_obs, self.clock(), os.getpid(), self.settings.hang)
+        doc = state_document(
+            memory, self.last_obs, self.clock(), os.getpid(), self.settings.hang, wall_now=self.wall()
+        )
         try:
             shared.write_atomically(self.settings.state_dir / STATE_NAME, json.dumps(doc, indent=1) + "\n")
         except OSError as exc:
@@ -509,7 +513,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     metrics = None if args.once else build_metrics(settings, log)
     supervisor = Supervisor(
-        settings, log, run=run_command, http=http_request, clock=time.time, sleep=time.sleep, metrics=metrics
+        settings,
+        log,
+        run=run_command,
+        http=http_request,
+        clock=time.monotonic,
+        sleep=time.sleep,
+        metrics=metrics,
     )
     with shared.stop_on_signals():
         try:

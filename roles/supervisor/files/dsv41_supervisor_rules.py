@@ -815,7 +815,7 @@ def _decide_starting(obs: Observation, memory: Memory, now: float, settings: Set
         quiet_since = max(memory.api_up, memory.last_progress or memory.api_up)
         if now - quiet_since >= settings.hang:
             reason = (
-                f"while starting: hang: the API is up since {format_time(memory.api_up)} and has"
+                f"while starting: hang: the API has been up for {now - memory.api_up:g} s and has"
                 f" answered nothing; no engine progress for {now - quiet_since:g} s, and the probe"
                 f" failed: {obs.probe.detail}"
             )
@@ -1044,23 +1044,40 @@ def _finite(value: float | None) -> float | None:
 
 
 def state_document(
-    memory: Memory, obs: Observation | None, now: float, pid: int, hang: float
+    memory: Memory,
+    obs: Observation | None,
+    now: float,
+    pid: int,
+    hang: float,
+    *,
+    wall_now: float | None = None,
 ) -> dict[str, Any]:
     """supervisor-state.json; ``api.stalled`` is the stall (requests running, no engine work for
-    ``hang`` seconds) as the supervisor judged it at ``now``: status.yml reports it, never judges."""
+    ``hang`` seconds) as the supervisor judged it at ``now``: status.yml reports it, never judges.
+    The memory's times are on the supervisor's monotonic clock; the document's are epoch seconds,
+    placed back from ``wall_now`` (the wall clock at ``now``; None: the same clock)."""
     metrics = obs.metrics if obs else Metrics()
     probe = memory.last_probe
+    offset = 0.0 if wall_now is None else wall_now - now
+
+    def epoch(moment: float | None) -> float | None:
+        return None if moment is None else moment + offset
+
     return {
         "state": memory.state.value,
         "reason": memory.reason,
-        "since": memory.since,
+        "since": epoch(memory.since),
         "attempts": memory.attempts,
         "recovered": memory.recovered,
-        "backoff_until": memory.backoff_until,
+        "backoff_until": epoch(memory.backoff_until),
         "last_action": (
             None
             if memory.last_action is None
-            else dict(zip(("time", "action", "reason"), memory.last_action, strict=True))
+            else {
+                "time": epoch(memory.last_action[0]),
+                "action": memory.last_action[1],
+                "reason": memory.last_action[2],
+            }
         ),
         "ranks": [rank_summary(r) for r in obs.ranks] if obs else [],
         "api": {
@@ -1070,17 +1087,17 @@ def state_document(
             "generation_tokens_total": _finite(metrics.generation_tokens),
             "prompt_tokens_total": _finite(metrics.prompt_tokens),
             "kv_cache_usage_perc": _finite(metrics.kv_usage),
-            "last_progress": memory.last_progress,
-            "last_answered": memory.last_answered,
+            "last_progress": epoch(memory.last_progress),
+            "last_answered": epoch(memory.last_answered),
             "hang_seconds": hang,
             # The supervisor's verdict, which status.yml reports as it stands.
             "stalled": stall(metrics.running, memory.last_progress, now, hang),
             "last_probe": (
                 None
                 if probe is None
-                else {"time": probe.time, "outcome": probe.outcome.value, "detail": probe.detail}
+                else {"time": epoch(probe.time), "outcome": probe.outcome.value, "detail": probe.detail}
             ),
         },
-        "updated": now,
+        "updated": epoch(now),
         "pid": pid,
     }

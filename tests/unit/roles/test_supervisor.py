@@ -93,13 +93,18 @@ def iso(when: float) -> str:
 
 
 class FakeClock:
-    """Wall time that only moves when the loop sleeps (or a test says so)."""
+    """Time that only moves when the loop sleeps (or a test says so): ``now`` is the monotonic
+    clock, the wall clock is ``now`` plus the steps it was set by (none unless a test steps it)."""
 
     def __init__(self) -> None:
         self.now = T0
+        self.wall_step = 0.0
 
     def time(self) -> float:
         return self.now
+
+    def wall(self) -> float:
+        return self.now + self.wall_step
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
@@ -319,7 +324,13 @@ class Harness:
             self.log_path, self.settings.log_max_bytes, self.settings.log_backups, self.clock.time, echo=False
         )
         self.sup = sup.Supervisor(
-            self.settings, log, run=self.cluster, http=self.api, clock=self.clock.time, sleep=self.sleep
+            self.settings,
+            log,
+            run=self.cluster,
+            http=self.api,
+            clock=self.clock.time,
+            sleep=self.sleep,
+            wall=self.clock.wall,
         )
         self.settles: list[float] = []
         self.on_settle: Any = None  # called as the supervisor waits inside a tick (what happens meanwhile)
@@ -1224,7 +1235,7 @@ def test_a_memory_guard_kill_is_judged_on_the_killed_ranks_own_clock(
                 last_progress=NOW - 200,
                 last_probe=PROBE_TIMEOUT,
             ),
-            ("none", "backoff", 1, "attempt 1 of 5 failed: while starting: hang: the API is up since"),
+            ("none", "backoff", 1, "attempt 1 of 5 failed: while starting: hang: the API has been up for"),
             id="hang-once-the-api-is-up-for-hang-seconds",
         ),
         pytest.param(
@@ -2017,6 +2028,39 @@ def test_startup_timeout_counts_as_a_failed_attempt(tmp_path: Path) -> None:
     assert len(h.cluster.head_stop_times()) == 2
 
 
+@pytest.mark.parametrize("step", [-3600.0, 3600.0], ids=["wall-clock-back-an-hour", "wall-clock-on-an-hour"])
+def test_a_wall_clock_step_neither_stretches_nor_cuts_the_startup_timeout(
+    tmp_path: Path, step: float
+) -> None:
+    """NTP may step the wall clock after boot; durations are monotonic, and the state file's times
+    are the wall clock's."""
+    h = Harness(tmp_path, startup_timeout_seconds=30, max_attempts=2)
+    h.adopt_healthy()
+    h.api.health_after_start = 503
+    h.head.die(1)
+    h.tick()
+    assert h.sup.memory.state is sup.State.STARTING
+    h.clock.wall_step = step
+    ticks = h.until(lambda: h.sup.memory.state is not sup.State.STARTING)
+    assert ticks == 6  # 30 s at 5 s a tick, as without the step
+    state = h.state()
+    assert state["reason"].startswith("attempt 1 of 2 failed: startup: not healthy within 30 s")
+    assert state["updated"] == pytest.approx(h.clock.wall())
+    assert state["backoff_until"] == pytest.approx(h.clock.wall() + 10)
+
+
+def test_a_wall_clock_step_leaves_the_lock_age_on_the_wall_clock(h: Harness) -> None:
+    """The lock's age is the wall clock's (its mtime is): a run's fresh lock pauses the supervisor
+    whatever the monotonic clock says."""
+    h.adopt_healthy()
+    h.clock.wall_step = -7200.0
+    lock = h.state_dir / "deployment.lock"
+    lock.write_text("site.yml\n")
+    os.utime(lock, (h.clock.wall(), h.clock.wall()))
+    h.tick()
+    assert h.sup.memory.state is sup.State.PAUSED
+
+
 def test_a_healthy_group_resets_the_attempts(h: Harness) -> None:
     h.adopt_healthy()
     h.worker.fail.add("start")
@@ -2427,7 +2471,9 @@ def test_a_hang_while_starting_once_the_api_is_up_is_caught_within_the_hang_boun
     h.until(lambda: h.sup.memory.state is not sup.State.STARTING)
     decided_at = h.clock.now - h.settings.interval  # the loop has slept since
     assert decided_at - up_at == h.settings.hang
-    assert h.state()["reason"].startswith("attempt 1 of 5 failed: while starting: hang: the API is up since")
+    assert h.state()["reason"].startswith(
+        "attempt 1 of 5 failed: while starting: hang: the API has been up for"
+    )
     assert "and the probe failed: timed out" in h.state()["reason"]
 
 
