@@ -201,6 +201,55 @@ def test_an_upgrade_that_fails_rolls_back_by_itself(serving, fault, named):
     record(f"upgrade to a broken image ({fault})", None, f"rolled back by itself; run {seconds:.0f} s")
 
 
+def test_a_rollback_whose_start_fails_records_the_failed_switch_names_both_and_gives_the_lock_back(serving):
+    """The switch fails its start; then the rollback's own start fails too: the image that served
+    before is gone from the worker and its registry is out of reach once the switch has replaced the
+    worker's rank. The run still records the failed switch, names both failures and gives the lock back."""
+    lab = serving
+    previous = lab_image()
+    broken = variant("broken-exit_on_start", "STANDIN_FAULTS=exit_on_start")
+    registry_ip, registry_port = REGISTRY.rsplit(":", 1)
+    block = (
+        "nft add table inet dsv41test && nft add chain inet dsv41test out"
+        " '{ type filter hook output priority 0; }' &&"
+        f" nft add rule inet dsv41test out ip daddr {registry_ip} tcp dport {registry_port} reject"
+    )
+    done = threading.Event()
+    blocked: list[float] = []
+
+    def take_the_previous_image_away() -> None:
+        inspect = "docker inspect --format '{{.Config.Image}}' dsv41-r1 2>/dev/null || true"
+        while not done.is_set():
+            if labctl.node_exec("worker", inspect).strip() == broken:
+                labctl.node_exec("worker", f"{block} && docker rmi {previous}")
+                blocked.append(time.monotonic())
+                return
+            time.sleep(0.2)
+
+    failed_before = record_of(lab).get("last_failed")
+    watcher = threading.Thread(target=take_the_previous_image_away, daemon=True)
+    watcher.start()
+    try:
+        run, _ = site("-e", f"deployment_image={broken}")
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+        labctl.node_exec("worker", "nft delete table inet dsv41test 2>/dev/null || true")
+    assert blocked, "the switch replaced the worker's rank"
+    assert run.returncode != 0
+    assert f"The switch to {broken} failed: A rank failed to start" in run.stdout, run.stdout[-3000:]
+    assert f"Rolling back to {previous} failed: its start failed (" in run.stdout, run.stdout[-3000:]
+    after = record_of(lab)
+    assert after["current"]["image"] == previous, "nothing was restored, nothing recorded as serving"
+    assert after["last_failed"]["image"] == broken and after["last_failed"] != failed_before, "recorded now"
+    lock = lab.ssh("head", f"test -e {STATE_DIR}/deployment.lock", check=False)
+    assert lock.returncode != 0, "the lock is given back"
+    back, _ = site()
+    assert back.returncode == 0, back.stdout[-3000:]
+    assert rank_images(lab) == {previous}
+    assert smoke_passes()
+
+
 def test_a_rollback_with_nothing_to_go_back_to_changes_nothing_and_gives_the_lock_back(serving):
     lab = serving
     before = started(lab)
