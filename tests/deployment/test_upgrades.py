@@ -238,7 +238,10 @@ def test_a_rollback_whose_start_fails_records_the_failed_switch_names_both_and_g
     assert blocked, "the switch replaced the worker's rank"
     assert run.returncode != 0
     assert f"The switch to {broken} failed: A rank failed to start" in run.stdout, run.stdout[-3000:]
-    assert f"Rolling back to {previous} failed: its start failed (" in run.stdout, run.stdout[-3000:]
+    assert f"Rolling back to {previous} failed: its start failed (the error above)" in run.stdout, run.stdout[
+        -3000:
+    ]
+    assert "TASK [sparkserve.dsv41.rank : Run this node's rank container]" in run.stdout
     after = record_of(lab)
     assert after["current"]["image"] == previous, "nothing was restored, nothing recorded as serving"
     assert after["last_failed"]["image"] == broken and after["last_failed"] != failed_before, "recorded now"

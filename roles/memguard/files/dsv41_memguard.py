@@ -313,7 +313,7 @@ class Guard:
             # kill; its aim is met once none of them runs, and the supervisor must hear of it.
             if self._still_running(names) != []:
                 return
-            outcome = " (none runs now)"
+            outcome = " (the kill failed for one that had exited; none runs now)"
         self.last_kill_time = now
         self.log.write("killed", f"containers: {' '.join(names)}{outcome}")
         if self.metrics is not None:

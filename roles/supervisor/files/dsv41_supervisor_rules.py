@@ -637,7 +637,7 @@ def memguard_kill(obs: Observation, baseline: Mapping[str, Baseline]) -> RankSta
     none is recorded, as at a first look). Both times come from the rank's own node's clock."""
     for rank in obs.ranks:
         recorded = baseline.get(rank.node)
-        started = docker_epoch(recorded.started_at if recorded is not None else rank.started_at)
+        started = docker_epoch(recorded.started_at if recorded and recorded.started_at else rank.started_at)
         if rank.memguard_last_kill is not None and started is not None and rank.memguard_last_kill > started:
             return rank
     return None

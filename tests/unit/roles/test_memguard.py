@@ -461,7 +461,9 @@ def test_a_rank_that_exited_before_the_kill_is_recorded_as_killed(
     assert record.exists()
     (error,) = harness.log_lines("error")
     assert "is not running" in error
-    assert harness.log_lines("killed")[0].endswith("containers: dsv41-r0 dsv41-r1 (none runs now)")
+    assert harness.log_lines("killed")[0].endswith(
+        "containers: dsv41-r0 dsv41-r1 (the kill failed for one that had exited; none runs now)"
+    )
 
 
 def test_above_floor_does_nothing(harness: Harness, docker: FakeDocker) -> None:

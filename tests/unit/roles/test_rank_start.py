@@ -32,7 +32,7 @@ def failure_message(groups: dict[str, list[str]]) -> str:
         pytest.param({"all": ["head", "worker"]}, "(the ranks that served before run again)", id="a-switch"),
         pytest.param(
             {"all": ["head", "worker"], "release_switch_failed": ["head", "worker"]},
-            "(the rollback stopped here: the failed switch's ranks run again)",
+            "(the rollback stopped here: the failed switch's ranks are started again)",
             id="a-failed-switchs-rollback",
         ),
     ],

@@ -236,7 +236,7 @@ class FakeNode:
             "boot_id": self.boot_id,
             "mem_available_bytes": self.mem_available,
             "memguard_last_kill": self.memguard_last_kill,
-            "time": self.clock.now,
+            "time": self.clock.wall(),
         }
         if self.fabric is not ABSENT:
             doc["fabric"] = self.fabric
@@ -244,12 +244,12 @@ class FakeNode:
 
     def die(self, code: int = 137, *, oom: bool = False) -> None:
         self.state, self.exit_code, self.oom_killed = "exited", code, oom
-        self.finished_at = iso(self.clock.now)
+        self.finished_at = iso(self.clock.wall())
 
     def restart_alone(self) -> None:
         """What docker's restart policy does: same container, new StartedAt."""
         self.restart_count += 1
-        self.started_at = iso(self.clock.now + 0.5)
+        self.started_at = iso(self.clock.wall() + 0.5)
 
 
 class FakeCluster:
@@ -287,7 +287,7 @@ class FakeCluster:
         if verb == "start":
             self.starts += 1
             node.state, node.exit_code, node.finished_at = "running", None, None
-            node.started_at = iso(self.clock.now + self.starts / 1000)
+            node.started_at = iso(self.clock.wall() + self.starts / 1000)
             node.unreachable = node.vanish_after_start
             if node.rank == 0:
                 self.api.health = self.api.health_after_start
@@ -295,7 +295,7 @@ class FakeCluster:
         else:
             assert verb in ("stop", "kill")
             if node.state == "running":
-                node.state, node.exit_code, node.finished_at = "exited", 0, iso(self.clock.now)
+                node.state, node.exit_code, node.finished_at = "exited", 0, iso(self.clock.wall())
             if node.rank == 0:
                 self.api.health = None
         return shared.CommandResult(0, json.dumps({"verb": verb, "ok": True, "detail": "done"}) + "\n", "")
@@ -1173,6 +1173,21 @@ def test_first_look_judges_a_memory_guard_kill_against_the_rank_start(
 
 
 @pytest.mark.parametrize(
+    "baseline",
+    [
+        pytest.param({"spark-a": BASELINE["spark-a"]}, id="no-entry-for-the-rank"),
+        pytest.param(
+            {**BASELINE, "spark-b": rules.Baseline(None, BOOTS["spark-b"])}, id="entry-without-a-start"
+        ),
+    ],
+)
+def test_a_kill_with_no_recorded_start_is_judged_against_the_ranks_current_one(baseline: dict) -> None:
+    killed = rank("spark-b", "exited", exit_code=137, memguard_last_kill=B_STARTED + 5)
+    decision = sup.decide(obs(rank("spark-a"), killed), mem(baseline=baseline), NOW, SETTINGS)
+    assert (decision.action.value, decision.state.value) == ("stop", "memory_wait"), decision.reason
+
+
+@pytest.mark.parametrize(
     ("group_started", "kill", "worker", "expected"),
     [
         pytest.param(
@@ -2045,15 +2060,16 @@ def test_a_wall_clock_step_neither_stretches_nor_cuts_the_startup_timeout(
     assert ticks == 6  # 30 s at 5 s a tick, as without the step
     state = h.state()
     assert state["reason"].startswith("attempt 1 of 2 failed: startup: not healthy within 30 s")
-    assert state["updated"] == pytest.approx(h.clock.wall())
-    assert state["backoff_until"] == pytest.approx(h.clock.wall() + 10)
+    decided = h.clock.wall() - h.settings.interval  # the loop has slept since
+    assert state["updated"] == pytest.approx(decided, abs=0.01)
+    assert state["backoff_until"] == pytest.approx(decided + 10, abs=0.01)
 
 
 def test_a_wall_clock_step_leaves_the_lock_age_on_the_wall_clock(h: Harness) -> None:
     """The lock's age is the wall clock's (its mtime is): a run's fresh lock pauses the supervisor
     whatever the monotonic clock says."""
     h.adopt_healthy()
-    h.clock.wall_step = -7200.0
+    h.clock.wall_step = -3 * 3600.0  # beyond pause_max (2 h): on the monotonic clock the lock is stale
     lock = h.state_dir / "deployment.lock"
     lock.write_text("site.yml\n")
     os.utime(lock, (h.clock.wall(), h.clock.wall()))
