@@ -57,11 +57,14 @@ class GapWatch:
         since = self.last_old_answer if self.last_old_answer is not None else self.started
         return round(self.first_new_answer - since, 3)
 
-    def summary(self) -> dict:
+    def summary(self, epoch_offset: float = 0.0) -> dict:
+        """The result; ``epoch_offset`` turns the watch's clock (monotonic) into epoch seconds."""
         return {
             "downtime_seconds": self.downtime,
-            "last_old_answer": self.last_old_answer,
-            "first_new_answer": self.first_new_answer,
+            "last_old_answer": None if self.last_old_answer is None else self.last_old_answer + epoch_offset,
+            "first_new_answer": None
+            if self.first_new_answer is None
+            else self.first_new_answer + epoch_offset,
             "probes": self.probes,
             "failures": self.failures,
         }

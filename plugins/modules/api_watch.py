@@ -167,25 +167,29 @@ def main() -> None:
         except OSError as exc:
             module.fail_json(msg=f"cannot remove the stop file {params['stop_file']}: {exc.strerror}")
     progress = ProgressWriter(params["progress_file"], "API watch", unit="probes")
-    start = time.time()
+    # The downtime and the deadline on the monotonic clock (a clock step mid-switch must not count);
+    # the two answers' times are returned as epoch seconds.
+    start = time.monotonic()
+    epoch_offset = time.time() - start
     watch = GapWatch(started=start)
     deadline = start + params["timeout_minutes"] * 60
     while not watch.done:
         if params["stop_file"] and os.path.exists(params["stop_file"]):
             break
-        if time.time() >= deadline:
+        if time.monotonic() >= deadline:
             progress.update(phase="failed", detail=watch.message(), force=True)
             module.fail_json(
                 msg=f"the API did not answer again within timeout_minutes ({params['timeout_minutes']}):"
                 f" {watch.message()}",
-                **watch.summary(),
+                **watch.summary(epoch_offset),
             )
-        asked = time.time()
-        watch.observe(answered(params["url"], key, params["model"], params["request_timeout"]), time.time())
+        asked = time.monotonic()
+        reply = answered(params["url"], key, params["model"], params["request_timeout"])
+        watch.observe(reply, time.monotonic())
         progress.update(phase="running", done=watch.probes, detail=watch.message())
-        time.sleep(max(0.0, params["interval"] - (time.time() - asked)))
+        time.sleep(max(0.0, params["interval"] - (time.monotonic() - asked)))
     progress.update(phase="done", done=watch.probes, detail=watch.message(), force=True)
-    module.exit_json(changed=False, msg=watch.message(), **watch.summary())
+    module.exit_json(changed=False, msg=watch.message(), **watch.summary(epoch_offset))
 
 
 if __name__ == "__main__":

@@ -34,13 +34,20 @@ def api():
         yield f"{url}/v1"
 
 
-def test_the_gap_is_measured_from_answers_and_the_key_comes_from_its_file(tmp_path, api, run_module):
+# A wall-clock step while the ranks are down (NTP after a node's reboot) is no downtime.
+@pytest.mark.parametrize("step", [0.0, -3600.0, 3600.0], ids=["no-clock-step", "back-an-hour", "on-an-hour"])
+def test_the_gap_is_measured_from_answers_and_the_key_comes_from_its_file(
+    tmp_path, api, run_module, monkeypatch, step
+):
     key = tmp_path / "api_key"
     key.write_text("sk-secret\n")
+    wall, stepped = time.time, {"by": 0.0}
+    monkeypatch.setattr(time, "time", lambda: wall() + stepped["by"])
 
     def switch():
         time.sleep(0.5)
         Api.down = True
+        stepped["by"] = step
         time.sleep(1.0)
         Api.down = False
 
@@ -56,6 +63,9 @@ def test_the_gap_is_measured_from_answers_and_the_key_comes_from_its_file(tmp_pa
     result = run_module(api_watch, args)
     assert not result.failed, result
     assert 0.8 <= result["downtime_seconds"] <= 2.0
+    assert result["first_new_answer"] - result["last_old_answer"] == pytest.approx(
+        result["downtime_seconds"], abs=0.001
+    )
     assert result["failures"] >= 5 and result["msg"].startswith("the API did not answer for")
     assert set(Api.bearers) == {"Bearer sk-secret"}
     assert "sk-secret" not in json.dumps(result)
