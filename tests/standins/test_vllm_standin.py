@@ -539,13 +539,18 @@ def test_decode_rate_per_stream(head: Rank, concurrency: int) -> None:
 
 
 def test_prefill_time_follows_prompt_tokens(head: Rank) -> None:
+    """Within 3 %; one re-measurement forgives a busy shared test machine, as for the decode rate."""
     prompt_ids = [(i * 7919) % 120000 for i in range(2000)]
     body = {"model": MODEL, "prompt": prompt_ids, "max_tokens": 3}
-    sent, events = stream(head, "/v1/completions", body)
-    ttft = token_chunks(events)[0][0] - sent
     expected = len(prompt_ids) / PREFILL_TPS
-    assert abs(ttft - expected) / expected < 0.03, ttft
-    assert events[-2][1]["usage"]["prompt_tokens"] == 2000
+    ttfts = []
+    for _attempt in range(2):
+        sent, events = stream(head, "/v1/completions", body)
+        assert events[-2][1]["usage"]["prompt_tokens"] == 2000
+        ttfts.append(token_chunks(events)[0][0] - sent)
+        if abs(ttfts[-1] - expected) / expected < 0.03:
+            return
+    pytest.fail(f"time to first token {ttfts} not within 3 % of {expected}")
 
 
 def test_request_log_records_auth_and_limits_but_never_the_key(head: Rank) -> None:

@@ -8,6 +8,7 @@ import time
 from typing import ClassVar
 
 import pytest
+from ansible_collections.sparkserve.dsv41.plugins.module_utils._watch import GAP_FAILURES
 from ansible_collections.sparkserve.dsv41.plugins.modules import api_watch
 from local_http import JsonHandler, serving
 
@@ -66,7 +67,8 @@ def test_the_gap_is_measured_from_answers_and_the_key_comes_from_its_file(
     assert result["first_new_answer"] - result["last_old_answer"] == pytest.approx(
         result["downtime_seconds"], abs=0.001
     )
-    assert result["failures"] >= 5 and result["msg"].startswith("the API did not answer for")
+    # At least a gap's worth: how many more a busy machine fits into the second down is not the point.
+    assert result["failures"] >= GAP_FAILURES and result["msg"].startswith("the API did not answer for")
     assert set(Api.bearers) == {"Bearer sk-secret"}
     assert "sk-secret" not in json.dumps(result)
     assert json.loads(progress.read_text())["phase"] == "done"
